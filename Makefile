@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.vllm-dflash-installed
+
+.PHONY: install demo test test-fast lint format doctor clean
+
+install: $(STAMP)
+
+$(STAMP): ci/install.sh ci/requirements-cpu-vllm0.20.1.txt pyproject.toml
+	VENV=$(VENV) bash ci/install.sh
+	touch $@
+
+demo: install  ## DFlash on vLLM's CPU backend: tiny models, vllm serve, requests
+	$(PY) -m vllm_dflash.testing.demo
+
+test: install  ## the whole suite (unit + CPU end-to-end), as CI runs it
+	$(PY) -m pytest tests
+
+test-fast: install  ## unit tests only
+	$(PY) -m pytest tests -m "not cpu_e2e"
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
+
+doctor: install
+	$(VENV)/bin/vllm-dflash doctor
+
+clean:
+	rm -rf $(VENV) .pytest_cache

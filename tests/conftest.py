@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: Apache-2.0
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vllm_dflash.testing.tiny_models import TinyModels, ensure_tiny_models
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFLINE = ROOT / "tests" / "helpers" / "offline_run.py"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> TinyModels:
+    cache = os.environ.get("VLLM_DFLASH_FIXTURES")
+    return ensure_tiny_models(
+        Path(cache) if cache else tmp_path_factory.mktemp("fixtures")
+    )
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    data: dict | None
+    trace: list[dict]
+    log: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.data is not None
+
+
+class OfflineRunner:
+    """Runs tests/helpers/offline_run.py in a subprocess, memoised per config."""
+
+    def __init__(self, workdir: Path, models: TinyModels) -> None:
+        self.workdir = workdir
+        self.models = models
+        self._cache: dict[tuple, RunResult] = {}
+
+    def run(
+        self,
+        drafter: str | None,
+        disable: tuple[str, ...] = (),
+        prefix_caching: bool = False,
+        max_num_batched_tokens: int | None = None,
+        k: int = 4,
+        timeout: float = 900,
+    ) -> RunResult:
+        key = (drafter, disable, prefix_caching, max_num_batched_tokens, k)
+        if key in self._cache:
+            return self._cache[key]
+        tag = f"run{len(self._cache)}"
+        out = self.workdir / f"{tag}.json"
+        trace = self.workdir / f"{tag}.jsonl"
+        cmd = [
+            sys.executable,
+            str(OFFLINE),
+            "--target",
+            str(self.models.target),
+            "--out",
+            str(out),
+            "--k",
+            str(k),
+        ]
+        if drafter:
+            cmd += ["--drafter", str(getattr(self.models, drafter))]
+        if prefix_caching:
+            cmd.append("--prefix-caching")
+        if max_num_batched_tokens:
+            cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+        env = {
+            **os.environ,
+            "VLLM_DFLASH_TRACE": str(trace),
+            "VLLM_DFLASH_DISABLE": ",".join(disable),
+        }
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        try:
+            proc = subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=timeout
+            )
+            rc, log = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, log = -1, f"timeout after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
+        (self.workdir / f"{tag}.log").write_text(log)
+        data = json.loads(out.read_text()) if rc == 0 and out.exists() else None
+        records = (
+            [json.loads(x) for x in trace.read_text().splitlines()]
+            if trace.exists()
+            else []
+        )
+        res = RunResult(rc, data, records, log)
+        self._cache[key] = res
+        return res
+
+
+@pytest.fixture(scope="session")
+def offline(tmp_path_factory, tiny_models) -> OfflineRunner:
+    return OfflineRunner(tmp_path_factory.mktemp("offline"), tiny_models)

@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compare traced vLLM drafts with the float64 reference on the same sequences."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.helpers.reference import Reference
+
+
+@dataclass
+class MatchStats:
+    drafts: int
+    tokens: int
+    equal_tokens: int
+    equal_drafts: int
+
+    @property
+    def token_rate(self) -> float:
+        return self.equal_tokens / max(self.tokens, 1)
+
+
+def read_trace(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+def sequences_by_request(run: dict) -> dict[str, list[int]]:
+    return {
+        rid: p + o
+        for rid, p, o in zip(
+            run["request_ids"], run["prompts"], run["outputs"], strict=True
+        )
+    }
+
+
+def _lookup(seqs: dict[str, list[int]], worker_rid: str) -> list[int]:
+    if worker_rid in seqs:
+        return seqs[worker_rid]
+    # vLLM may append a suffix to the user's request id inside the engine.
+    hits = [s for rid, s in seqs.items() if worker_rid.startswith(rid + "-")]
+    assert len(hits) == 1, f"cannot map traced request {worker_rid!r}"
+    return hits[0]
+
+
+def compare(ref: Reference, run: dict, trace: list[dict]) -> MatchStats:
+    seqs = sequences_by_request(run)
+    feats_cache: dict[int, object] = {}
+    stats = MatchStats(0, 0, 0, 0)
+    for rec in trace:
+        full = _lookup(seqs, rec["request_id"])
+        n = rec["num_tokens"]
+        if n > len(full):
+            continue  # drafted past the end of generation (never verified)
+        seq = full[:n]
+        assert seq[-len(rec["last_token_ids"]) :] == rec["last_token_ids"], (
+            f"trace misaligned for {rec['request_id']} at {n}"
+        )
+        key = id(full)
+        if key not in feats_cache:
+            feats_cache[key] = ref.features(full)  # causal: prefixes reuse it
+        k = len(rec["draft_token_ids"])
+        want, _ = ref.draft(seq, k, feats=feats_cache[key][: n - 1])
+        eq = sum(int(a == b) for a, b in zip(want, rec["draft_token_ids"], strict=True))
+        stats.drafts += 1
+        stats.tokens += k
+        stats.equal_tokens += eq
+        stats.equal_drafts += int(eq == k)
+    return stats

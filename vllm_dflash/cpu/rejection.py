@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU defect 3: the CPU rejection-sampler fallbacks miss the synthetic arguments.
+
+vLLM 0.20 added ``uniform_probs``/``synthetic_conditional_rates``/``SYNTHETIC_MODE``
+to the Triton rejection kernels; ``vllm.utils.cpu_triton_utils`` still has the
+old signatures (TypeError at the first verification step). Fixed upstream in
+0.21.0. ``CPUModelRunner.__init__`` re-installs these fallbacks from
+``cpu_triton_utils``, so that module is what we patch.
+
+Synthetic acceptance (``rejection_sample_method: synthetic``, a GPU benchmarking
+feature) is refused with a clear error on CPU.
+"""
+
+import inspect
+
+from vllm_dflash.patches.registry import original, replace_attr
+
+PATCH = "cpu_rejection_sampler_args"
+_SYNTHETIC_MSG = (
+    "speculative_config rejection_sample_method='synthetic' is not supported on "
+    "the CPU backend (vllm-dflash); use the default rejection sampler on CPU."
+)
+
+
+def probe() -> bool:
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    params = inspect.signature(original(cpu_tl.rejection_greedy_sample_kernel.func))
+    return "SYNTHETIC_MODE" not in params.parameters
+
+
+def apply() -> None:
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    stock_greedy = original(cpu_tl.rejection_greedy_sample_kernel.func)
+    stock_random = original(cpu_tl.rejection_random_sample_kernel.func)
+
+    def greedy(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        target_argmax,
+        bonus_token_ids,
+        is_greedy,
+        max_spec_len,
+        uniform_probs=None,
+        synthetic_conditional_rates=None,
+        SYNTHETIC_MODE=False,
+    ):
+        if SYNTHETIC_MODE:
+            raise NotImplementedError(_SYNTHETIC_MSG)
+        stock_greedy(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            target_argmax,
+            bonus_token_ids,
+            is_greedy,
+            max_spec_len,
+        )
+
+    def random(
+        output_token_ids,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        bonus_token_ids,
+        recovered_token_ids,
+        uniform_probs,
+        is_greedy,
+        max_spec_len,
+        vocab_size,
+        synthetic_conditional_rates=None,
+        NO_DRAFT_PROBS=False,
+        SYNTHETIC_MODE=False,
+    ):
+        if SYNTHETIC_MODE:
+            raise NotImplementedError(_SYNTHETIC_MSG)
+        stock_random(
+            output_token_ids,
+            cu_num_draft_tokens,
+            draft_token_ids,
+            draft_probs,
+            target_probs,
+            bonus_token_ids,
+            recovered_token_ids,
+            uniform_probs,
+            is_greedy,
+            max_spec_len,
+            vocab_size,
+            NO_DRAFT_PROBS=NO_DRAFT_PROBS,
+        )
+
+    for attr, fn in (
+        ("rejection_greedy_sample_kernel", greedy),
+        ("rejection_random_sample_kernel", random),
+    ):
+        fn.__wrapped_original__ = getattr(cpu_tl, attr).func
+        replace_attr(cpu_tl, attr, cpu_tl._FuncWrapper(fn), PATCH)

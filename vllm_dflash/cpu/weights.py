@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU defect 2: CPU linear layers drop ``.weight`` after repacking.
+
+``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` replaces the weight
+with an empty tensor, but the DFlash drafter's attention reads
+``qkv_proj.weight`` directly (``F.linear``). Keep the weight of DFlash ``qkv_proj``
+layers (the drafter is small); every other layer is repacked as before.
+"""
+
+from vllm_dflash.patches.registry import original, replace_attr
+
+PATCH = "cpu_keep_dflash_weights"
+_KEEP = "_vllm_dflash_keep_weight"
+
+
+def probe() -> bool:
+    import inspect
+
+    from vllm.model_executor.layers import linear
+    from vllm.model_executor.models import qwen3_dflash
+
+    removes = "remove_weight=True" in inspect.getsource(
+        linear.UnquantizedLinearMethod.process_weights_after_loading
+    )
+    reads_raw = "qkv_proj.weight" in inspect.getsource(
+        original(qwen3_dflash.DFlashQwen3Attention.forward)
+    )
+    return removes and reads_raw
+
+
+def apply() -> None:
+    from vllm.model_executor.layers import utils
+    from vllm.model_executor.models import qwen3_dflash
+
+    stock_dispatch = original(utils.dispatch_cpu_unquantized_gemm)
+
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+        keep = getattr(layer, _KEEP, False)
+        stock_dispatch(layer, remove_weight=remove_weight and not keep)
+
+    stock_init = original(qwen3_dflash.DFlashQwen3Attention.__init__)
+
+    def __init__(self, *args, **kwargs) -> None:
+        stock_init(self, *args, **kwargs)
+        setattr(self.qkv_proj, _KEEP, True)
+
+    replace_attr(
+        utils, "dispatch_cpu_unquantized_gemm", dispatch_cpu_unquantized_gemm, PATCH
+    )
+    replace_attr(qwen3_dflash.DFlashQwen3Attention, "__init__", __init__, PATCH)

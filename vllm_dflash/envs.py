@@ -1,0 +1,18 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Environment variables read by vllm-dflash (all optional)."""
+
+import os
+
+# Comma-separated patch names to leave unapplied, e.g. "dflash_aux_layer_shift".
+VLLM_DFLASH_DISABLE = "VLLM_DFLASH_DISABLE"
+# Path of a JSONL file; when set, each drafting step appends one line per request.
+VLLM_DFLASH_TRACE = "VLLM_DFLASH_TRACE"
+
+
+def disabled_patches() -> frozenset[str]:
+    raw = os.environ.get(VLLM_DFLASH_DISABLE, "")
+    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+def trace_path() -> str | None:
+    return os.environ.get(VLLM_DFLASH_TRACE) or None

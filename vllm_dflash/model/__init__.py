@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The DFlash drafter model class registered for ``DFlashDraftModel``."""

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DFlash drafter with sliding-window layers (backport of vLLM PR #40898).
+
+Subclasses vLLM's ``DFlashQwen3ForCausalLM`` (the proposer asserts that type).
+Sliding layers attend with window W through their attention impl while their
+KV cache stays full size (the layer's ``sliding_window`` stays ``None`` for KV
+planning, so no block holding precomputed context K/V is recycled); the
+proposer gives them causal metadata. Full layers are unchanged (non-causal).
+The fc input is cast to the fc weight dtype (fp32 target features).
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.config import VllmConfig
+from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+
+from vllm_dflash.logger import init_logger
+from vllm_dflash.model.layer_types import SLIDING, resolve_layer_types
+
+logger = init_logger(__name__)
+
+
+def _set_attention_window(attn, window: int) -> None:
+    """Rebuild ``attn.impl`` with a sliding window; KV planning stays full."""
+    impl = attn.impl
+    attn.impl = type(impl)(
+        attn.num_heads,
+        attn.head_size,
+        impl.scale,
+        attn.num_kv_heads,
+        None,  # alibi_slopes
+        window,
+        attn.kv_cache_dtype,
+        None,  # logits_soft_cap
+        attn.attn_type,
+        None,  # kv_sharing_target_layer_name
+    )
+    attn.sliding_window = None  # -> FullAttentionSpec: KV stays full size
+
+
+class DFlashDraftModel(DFlashQwen3ForCausalLM):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        layer_types, window = resolve_layer_types(self.config)
+        self.layer_types = layer_types
+        self.sliding_window = window
+        self.sliding_attn_layer_names: frozenset[str] = frozenset()
+        names = []
+        for layer, kind in zip(self.model.layers, layer_types, strict=True):
+            if kind == SLIDING:
+                assert window is not None
+                _set_attention_window(layer.self_attn.attn, window)
+                names.append(layer.self_attn.attn.layer_name)
+        self.sliding_attn_layer_names = frozenset(names)
+        self._fc_dtype = vllm_config.model_config.dtype
+        if names:
+            logger.info(
+                "DFlash drafter: %d sliding-window layer(s) (window %d), %d full.",
+                len(names),
+                window,
+                len(layer_types) - len(names),
+            )
+
+    def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.model.use_aux_hidden_state and hidden_states.dtype != self._fc_dtype:
+            hidden_states = hidden_states.to(self._fc_dtype)
+        return super().combine_hidden_states(hidden_states)
