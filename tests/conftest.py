@@ -51,9 +51,10 @@ class OfflineRunner:
         prefix_caching: bool = False,
         max_num_batched_tokens: int | None = None,
         k: int = 4,
+        pythonpath: str | None = None,
         timeout: float = 900,
     ) -> RunResult:
-        key = (drafter, disable, prefix_caching, max_num_batched_tokens, k)
+        key = (drafter, disable, prefix_caching, max_num_batched_tokens, k, pythonpath)
         if key in self._cache:
             return self._cache[key]
         tag = f"run{len(self._cache)}"
@@ -80,7 +81,8 @@ class OfflineRunner:
             "VLLM_DFLASH_TRACE": str(trace),
             "VLLM_DFLASH_DISABLE": ",".join(disable),
         }
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        paths = [pythonpath] if pythonpath else []
+        env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT), env.get("PYTHONPATH", "")])
         try:
             proc = subprocess.run(
                 cmd, env=env, capture_output=True, text=True, timeout=timeout

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -11,11 +12,13 @@ from vllm_dflash.version import __version__
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from vllm_dflash.compat import platform_name, vllm_version_str
-    from vllm_dflash.patches.catalog import PATCHES
-    from vllm_dflash.patches.registry import apply_all
+    # vLLM logs to stdout; keep stdout for the report (``--json`` stays parseable).
+    with contextlib.redirect_stdout(sys.stderr):
+        from vllm_dflash.compat import platform_name, vllm_version_str
+        from vllm_dflash.patches.catalog import PATCHES
+        from vllm_dflash.patches.registry import apply_all
 
-    results = apply_all(raise_on_error=False)
+        results = apply_all(raise_on_error=False)
     report = {
         "vllm_dflash": __version__,
         "vllm": vllm_version_str(),

@@ -54,6 +54,9 @@ def main() -> None:
         enable_prefix_caching=args.prefix_caching,
         disable_log_stats=False,
         seed=0,
+        # Small blocks: sequences span many blocks, so a drafter KV cache that
+        # recycled blocks outside the window (SlidingWindowSpec) would show.
+        block_size=16,
         **kwargs,
     )
     ps = prompts(args.num_prompts)

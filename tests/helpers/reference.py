@@ -108,10 +108,7 @@ class Reference:
         residual = None
         for i, kind in enumerate(self.layer_types):
             p = f"layers.{i}."
-            if residual is None:
-                residual = h
-            else:
-                residual = h + residual
+            residual = h if residual is None else h + residual
             x = rms_norm(residual, w[p + "input_layernorm.weight"], eps)
 
             def proj(t, name, heads, p=p):

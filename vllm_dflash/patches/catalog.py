@@ -36,6 +36,7 @@ PATCHES: tuple[Patch, ...] = (
         targets=(
             "vllm.model_executor.models.registry:DFlashDraftModel",
             "vllm.v1.worker.gpu_model_runner:DFlashProposer",
+            "vllm.transformers_utils.configs.speculators.algos:SUPPORTED_SPECULATORS_TYPES.dflash",
         ),
         summary=(
             "Drafter layer_types: sliding layers use window W with causal metadata and "

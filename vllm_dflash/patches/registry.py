@@ -10,6 +10,7 @@ records feed ``register()``, ``vllm-dflash doctor`` and the README table.
 from __future__ import annotations
 
 import enum
+import multiprocessing
 import os
 import threading
 from collections.abc import Callable
@@ -154,10 +155,12 @@ def apply_all(raise_on_error: bool = True) -> dict[str, PatchResult]:
         _applied_pid = os.getpid()
         applied = [n for n, r in _results.items() if r.state is PatchState.APPLIED]
         logger.info(
-            "vllm-dflash %s on vLLM %s (%s): applied %s",
+            "vllm-dflash %s on vLLM %s (%s) in %s[%d]: applied %s",
             _plugin_version(),
             vllm_version_str(),
             platform_name(),
+            multiprocessing.current_process().name,
+            os.getpid(),
             ", ".join(applied) or "nothing",
         )
         return dict(_results)

@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: Apache-2.0
+"""End to end on vLLM's CPU backend through ``vllm.LLM``: real engine processes.
+
+Every run is greedy; drafts are traced with VLLM_DFLASH_TRACE and replayed on
+the float64 reference (tests/helpers/reference.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.helpers.equivalence import compare
+from tests.helpers.reference import Reference
+
+pytestmark = pytest.mark.cpu_e2e
+
+# Chunked prefill: prompts are up to 40 tokens, the step budget is 32.
+CHUNKED = 32
+MIN_DRAFTS = 200
+CPU_PATCHES = (
+    "cpu_aux_hidden_state_layers",
+    "cpu_keep_dflash_weights",
+    "cpu_rejection_sampler_args",
+    "cpu_dflash_input_expansion",
+    "cpu_attn_kv_cache_update",
+    "cpu_attn_exact_noncausal",
+)
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_models):
+    return {
+        "dense": Reference.load(tiny_models.target, tiny_models.dense),
+        "swa": Reference.load(tiny_models.target, tiny_models.swa),
+    }
+
+
+@pytest.fixture(scope="module")
+def baseline(offline):
+    run = offline.run(None)
+    assert run.ok, run.log[-4000:]
+    return run
+
+
+def _check(run, baseline, ref):
+    assert run.ok, run.log[-4000:]
+    assert run.data["outputs"] == baseline.data["outputs"], "DFlash changed greedy output"
+    stats = compare(ref, run.data, run.trace)
+    return stats
+
+
+def test_patches_active_in_worker_process(offline, baseline):
+    run = offline.run("dense", prefix_caching=True, max_num_batched_tokens=CHUNKED)
+    assert run.ok, run.log[-4000:]
+    # register() ran in the spawned worker, not only in the parent.
+    worker_lines = [
+        line
+        for line in run.log.splitlines()
+        if re.search(r"vllm-dflash .* in VllmWorker[-\w]*\[\d+\]: applied ", line)
+    ]
+    assert worker_lines, "no vllm-dflash INFO line from a worker process"
+    assert "cpu_attn_exact_noncausal" in worker_lines[0]
+    assert "dflash_aux_layer_shift" in worker_lines[0]
+    assert run.trace, "the trace hook (worker-side patch) wrote nothing"
+
+
+@pytest.mark.parametrize(
+    "drafter, prefix_caching",
+    [("dense", True), ("swa", False), ("swa", True)],
+    ids=["dense-prefixcache", "swa", "swa-prefixcache"],
+)
+def test_lossless_and_drafts_match_reference(offline, baseline, refs, drafter, prefix_caching):
+    run = offline.run(drafter, prefix_caching=prefix_caching, max_num_batched_tokens=CHUNKED)
+    stats = _check(run, baseline, refs[drafter])
+    assert run.data["spec_decode"]["vllm:spec_decode_num_drafts"] > 0
+    assert stats.drafts >= MIN_DRAFTS, stats
+    assert stats.token_rate >= 0.99, stats
+
+
+@pytest.mark.parametrize(
+    "drafter, patch",
+    [("dense", "dflash_aux_layer_shift"), ("swa", "dflash_sliding_window")],
+)
+def test_disabling_a_backport_breaks_equivalence(offline, baseline, refs, drafter, patch):
+    good = _check(offline.run(drafter, max_num_batched_tokens=CHUNKED), baseline, refs[drafter])
+    bad_run = offline.run(drafter, disable=(patch,), max_num_batched_tokens=CHUNKED)
+    bad = _check(bad_run, baseline, refs[drafter])  # still lossless: verification holds
+    assert bad.drafts >= MIN_DRAFTS
+    assert good.token_rate >= 0.99
+    assert bad.token_rate <= good.token_rate - 0.3, (good, bad)
+
+
+@pytest.mark.parametrize("patch", CPU_PATCHES)
+def test_each_cpu_patch_is_needed(offline, baseline, refs, patch):
+    run = offline.run("dense", disable=(patch,), max_num_batched_tokens=CHUNKED)
+    if not run.ok:
+        return  # the engine cannot run DFlash on CPU without it
+    if run.data["outputs"] != baseline.data["outputs"]:
+        return  # diverged from the non-speculative output
+    stats = compare(refs["dense"], run.data, run.trace)
+    assert stats.token_rate < 0.9, f"{patch} disabled but drafts still exact: {stats}"
+
+
+def _drafts_by_step(trace: list[dict]) -> dict[tuple[str, int], list[int]]:
+    # Engine request ids carry a random suffix: key by the user's id.
+    return {(r["request_id"].split("-")[0], r["num_tokens"]): r["draft_token_ids"] for r in trace}
+
+
+def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_factory):
+    """patches/ applied to a copy of vLLM: probes see the fixes, drafts are the same."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.upstream import patched_copy
+
+    dest = patched_copy("0.20.1", tmp_path_factory.mktemp("vllm-patched"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(dest), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_dflash.cli", "doctor", "--json"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    doctor = json.loads(out.stdout)
+    states = {p["name"]: p["state"] for p in doctor["patches"]}
+    assert states["dflash_aux_layer_shift"] == "not needed"  # never shifted twice
+    assert states["dflash_sliding_window"] == "not needed"
+
+    upstream = offline.run("swa", max_num_batched_tokens=CHUNKED, pythonpath=str(dest))
+    stats = _check(upstream, baseline, refs["swa"])
+    assert stats.drafts >= MIN_DRAFTS and stats.token_rate >= 0.99, stats
+    plugin = offline.run("swa", max_num_batched_tokens=CHUNKED)
+    assert plugin.ok
+    a, b = _drafts_by_step(upstream.trace), _drafts_by_step(plugin.trace)
+    common = a.keys() & b.keys()
+    assert len(common) >= MIN_DRAFTS
+    assert sum(a[s] == b[s] for s in common) / len(common) >= 0.99

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""patches/: the backports as unified diffs apply cleanly to the installed vLLM."""
+
+import shutil
+
+import pytest
+
+from tests.helpers.upstream import diffs_for, installed_vllm_root, run_patch, touched_files
+
+pytestmark = pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch")
+
+
+def _version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def test_one_diff_per_upstream_pr():
+    diffs = diffs_for(_version())
+    assert [d.name.split("-")[1] for d in diffs] == ["pr40727", "pr40898"]
+    for d in diffs:
+        head = d.read_text().split("\n---", 1)[0]
+        assert head.startswith("Upstream: vllm-project/vllm#")
+        assert touched_files(d)
+
+
+@pytest.mark.parametrize("diff", diffs_for("0.20.1"), ids=lambda p: p.name)
+def test_diff_applies_to_installed_vllm(diff):
+    res = run_patch(diff, installed_vllm_root(), dry_run=True)
+    assert res.returncode == 0, res.stdout + res.stderr
