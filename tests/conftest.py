@@ -82,7 +82,9 @@ class OfflineRunner:
             "VLLM_DFLASH_DISABLE": ",".join(disable),
         }
         paths = [pythonpath] if pythonpath else []
-        env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*paths, str(ROOT), env.get("PYTHONPATH", "")]
+        )
         try:
             proc = subprocess.run(
                 cmd, env=env, capture_output=True, text=True, timeout=timeout

@@ -3,15 +3,26 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_dflash.testing.server import VllmServer, acceptance_length, speculative_config_arg
+from vllm_dflash.testing.server import VllmServer, acceptance_length
 
 pytestmark = pytest.mark.cpu_e2e
 
-COMMON = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "8"]
+COMMON = [
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "512",
+    "--enforce-eager",
+    "--max-num-seqs",
+    "8",
+]
 
 
 def _prompts() -> list[str]:
@@ -21,7 +32,29 @@ def _prompts() -> list[str]:
     ]
 
 
-def _serve_and_query(model: str, extra: list[str], tmp_path, tag: str) -> dict:
+def _bench(base_url: str, model: str, tmp_path) -> dict:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": p}) for p in _prompts())
+        + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": _prompts()[0]}]})
+        + "\n"
+    )
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, "-m", "vllm_dflash.cli", "bench", "--base-url", base_url,
+        "--model", model, "--prompts", str(prompts), "--concurrency", "4",
+        "--max-tokens", "16", "--num-prompts", "12", "--out", str(out),
+    ]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "acceptance length" in res.stdout
+    return json.loads(out.read_text())
+
+
+def _serve_and_query(
+    model: str, extra: list[str], tmp_path, tag: str, bench: bool = False
+) -> dict:
     from openai import OpenAI
 
     srv = VllmServer(model, COMMON + extra, log_path=tmp_path / f"{tag}.log")
@@ -29,7 +62,9 @@ def _serve_and_query(model: str, extra: list[str], tmp_path, tag: str) -> dict:
         client = OpenAI(base_url=srv.base_url + "/v1", api_key="none")
 
         def complete(p: str) -> str:
-            r = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0)
+            r = client.completions.create(
+                model=model, prompt=p, max_tokens=24, temperature=0
+            )
             return r.choices[0].text
 
         with ThreadPoolExecutor(4) as pool:
@@ -46,22 +81,37 @@ def _serve_and_query(model: str, extra: list[str], tmp_path, tag: str) -> dict:
             for p in _prompts()[:2]
         ]
         metrics = srv.metrics()
+        bench_result = _bench(srv.base_url, model, tmp_path) if bench else None
     rc = srv.proc.returncode
     log = srv.log_path.read_text(errors="replace")
-    return {"completions": completions, "chats": chats, "metrics": metrics, "rc": rc, "log": log}
+    return {
+        "completions": completions,
+        "chats": chats,
+        "metrics": metrics,
+        "bench": bench_result,
+        "rc": rc,
+        "log": log,
+    }
 
 
 def test_serve_dflash_is_lossless(tiny_models, tmp_path):
     model = str(tiny_models.target)
     base = _serve_and_query(model, [], tmp_path, "base")
+    # Exactly what arrives when a shell or ssh strips the JSON quotes.
+    stripped = f"{{method:dflash,model:{tiny_models.swa},num_speculative_tokens:4}}"
     spec = _serve_and_query(
-        model, speculative_config_arg(str(tiny_models.swa), 4), tmp_path, "dflash"
+        model, ["--speculative-config", stripped], tmp_path, "dflash", bench=True
     )
     assert all(base["completions"]) and all(base["chats"])
     assert spec["completions"] == base["completions"]
     assert spec["chats"] == base["chats"]
     assert spec["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0, spec["metrics"]
     assert acceptance_length(spec["metrics"]) is not None
+    b = spec["bench"]
+    assert b["requests"] == 12 and b["output_tokens"] == 12 * 16
+    assert b["output_tokens_per_s"] > 0 and b["ttft_s"]["p50"] > 0
+    assert b["spec_decode"]["drafts"] > 0  # /metrics delta over the bench only
+    assert b["spec_decode"]["acceptance_length"] >= 1.0
     for r in (base, spec):
         assert r["rc"] == 0, r["log"][-3000:]  # stopped cleanly on SIGINT
         assert "Traceback" not in r["log"], r["log"][-3000:]

@@ -29,7 +29,9 @@ def touched_files(diff: Path) -> list[str]:
 
 def run_patch(diff: Path, cwd: Path, dry_run: bool) -> subprocess.CompletedProcess:
     cmd = ["patch", "-p1", "--forward", "--batch"] + (["--dry-run"] if dry_run else [])
-    return subprocess.run(cmd, cwd=cwd, input=diff.read_text(), capture_output=True, text=True)
+    return subprocess.run(
+        cmd, cwd=cwd, input=diff.read_text(), capture_output=True, text=True
+    )
 
 
 def patched_copy(version: str, dest: Path) -> Path:
@@ -45,4 +47,3 @@ def patched_copy(version: str, dest: Path) -> Path:
         if res.returncode != 0:
             raise RuntimeError(f"{diff.name} failed:\n{res.stdout}{res.stderr}")
     return dest
-

@@ -45,4 +45,10 @@ def test_speculators_layer_ids_are_shifted_once():
             draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**cfg)),
         )
     )
-    assert GPUModelRunner._get_eagle3_aux_layers_from_config(runner) == (2, 17, 32, 47, 62)
+    assert GPUModelRunner._get_eagle3_aux_layers_from_config(runner) == (
+        2,
+        17,
+        32,
+        47,
+        62,
+    )

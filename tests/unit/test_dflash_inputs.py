@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_dflash.cpu.dflash_inputs import _cdiv, _next_power_of_2, copy_and_expand_dflash_inputs
+from vllm_dflash.cpu.dflash_inputs import (
+    _cdiv,
+    _next_power_of_2,
+    copy_and_expand_dflash_inputs,
+)
 
 
 def _loop_reference(next_ids, tpos, table, qsl, rejected, mask_id, bs, q, k):
@@ -16,7 +20,9 @@ def _loop_reference(next_ids, tpos, table, qsl, rejected, mask_id, bs, q, k):
         for j in range(s, e):
             p = int(tpos[j])
             ctx_pos.append(p)
-            ctx_slot.append(int(table[r, min(p // bs, table.shape[1] - 1)]) * bs + p % bs)
+            ctx_slot.append(
+                int(table[r, min(p // bs, table.shape[1] - 1)]) * bs + p % bs
+            )
         last = int(tpos[e - 1 - (int(rejected[r]) if rejected is not None else 0)])
         for o in range(q):
             p = last + 1 + o
@@ -35,7 +41,9 @@ def test_matches_loop(with_rejected):
     ctx_lens = [5, 1, 4]
     qsl = torch.tensor([0] + list(torch.tensor(ctx_lens).cumsum(0)), dtype=torch.int32)
     starts = [7, 0, 12]
-    tpos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, ctx_lens, strict=True)])
+    tpos = torch.cat(
+        [torch.arange(s, s + n) for s, n in zip(starts, ctx_lens, strict=True)]
+    )
     table = torch.randint(1, 50, (6, 8), generator=g, dtype=torch.int32)
     rejected = torch.tensor([2, 0, 3], dtype=torch.int32) if with_rejected else None
     next_ids = torch.tensor([11, 22, 33], dtype=torch.int32)

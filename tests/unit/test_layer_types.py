@@ -22,10 +22,22 @@ def test_mixed_with_window():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(layer_types=["full_attention"]), "has 1 entries but num_hidden_layers is 3"),
-        (dict(layer_types=["full_attention", "linear", "full_attention"]), "contains \\['linear'\\]"),
-        (dict(layer_types=["sliding_attention"] * 3, sliding_window=None), "sliding_window=None"),
-        (dict(layer_types=["sliding_attention"] * 3, sliding_window=0), "sliding_window=0"),
+        (
+            dict(layer_types=["full_attention"]),
+            "has 1 entries but num_hidden_layers is 3",
+        ),
+        (
+            dict(layer_types=["full_attention", "linear", "full_attention"]),
+            "contains \\['linear'\\]",
+        ),
+        (
+            dict(layer_types=["sliding_attention"] * 3, sliding_window=None),
+            "sliding_window=None",
+        ),
+        (
+            dict(layer_types=["sliding_attention"] * 3, sliding_window=0),
+            "sliding_window=0",
+        ),
     ],
 )
 def test_errors_name_field_and_fix(kw, match):

@@ -38,8 +38,8 @@ def _proposer(groups, sliding) -> DFlashSWAProposer:
 
 
 def _cad():
-    from vllm.v1.attention.backend import CommonAttentionMetadata
     import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
 
     z = torch.zeros(2, dtype=torch.int32)
     return CommonAttentionMetadata(
@@ -63,14 +63,20 @@ def test_sliding_layers_get_causal_metadata_across_groups():
 
 def test_dense_drafter_builds_once_per_group():
     g = _Group("CPU_ATTN", ["d.0", "d.1"])
-    _, per_layer = _proposer([g], sliding=()).build_per_group_and_layer_attn_metadata(_cad())
-    assert all(md.causal is False for md in per_layer.values()) and g.builder.calls == [False]
+    _, per_layer = _proposer([g], sliding=()).build_per_group_and_layer_attn_metadata(
+        _cad()
+    )
+    assert all(md.causal is False for md in per_layer.values()) and g.builder.calls == [
+        False
+    ]
 
 
 def test_unverified_backend_fails_at_startup_naming_one_that_works(monkeypatch):
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
-    monkeypatch.setattr(DFlashProposer, "initialize_attn_backend", lambda self, *a, **k: None)
+    monkeypatch.setattr(
+        DFlashProposer, "initialize_attn_backend", lambda self, *a, **k: None
+    )
     p = _proposer([_Group("TRITON_ATTN", ["d.0"])], sliding=())
     with pytest.raises(ValueError, match="TRITON_ATTN.*--attention-backend FLASH_ATTN"):
         p.initialize_attn_backend(None)

@@ -42,13 +42,20 @@ def test_disable_switch(monkeypatch):
 
 
 def test_version_and_platform_gates():
-    assert evaluate(_fake(versions="<0.1"), apply=True).state is PatchState.NOT_APPLICABLE
-    assert evaluate(_fake(platforms=("tpu",)), apply=True).state is PatchState.NOT_APPLICABLE
+    assert (
+        evaluate(_fake(versions="<0.1"), apply=True).state is PatchState.NOT_APPLICABLE
+    )
+    assert (
+        evaluate(_fake(platforms=("tpu",)), apply=True).state
+        is PatchState.NOT_APPLICABLE
+    )
 
 
 def test_probe_false_means_not_needed_and_not_applied():
     applied = []
-    res = evaluate(_fake(probe=lambda: False, apply=lambda: applied.append(1)), apply=True)
+    res = evaluate(
+        _fake(probe=lambda: False, apply=lambda: applied.append(1)), apply=True
+    )
     assert res.state is PatchState.NOT_NEEDED and not applied
 
 
@@ -91,7 +98,9 @@ def test_aux_shift_probe_reads_vllm_behaviour(monkeypatch):
         ids = stock(self)
         return tuple(i + 1 for i in ids)
 
-    monkeypatch.setattr(GPUModelRunner, "_get_eagle3_aux_layers_from_config", upstream_fixed)
+    monkeypatch.setattr(
+        GPUModelRunner, "_get_eagle3_aux_layers_from_config", upstream_fixed
+    )
     assert aux_layers.probe() is False
 
 
@@ -124,7 +133,9 @@ def _doctor_json(env: dict[str, str]) -> dict:
 
 
 def test_doctor_reports_states_on_this_vllm():
-    states = _doctor_json({"VLLM_DFLASH_DISABLE": "dflash_sliding_window", "VLLM_DFLASH_TRACE": ""})
+    states = _doctor_json(
+        {"VLLM_DFLASH_DISABLE": "dflash_sliding_window", "VLLM_DFLASH_TRACE": ""}
+    )
     assert states["dflash_sliding_window"]["state"] == "disabled"
     assert states["dflash_aux_layer_shift"]["state"] == "applied"
     assert states["dflash_trace"]["state"] == "not applicable"

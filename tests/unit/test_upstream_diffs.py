@@ -5,7 +5,12 @@ import shutil
 
 import pytest
 
-from tests.helpers.upstream import diffs_for, installed_vllm_root, run_patch, touched_files
+from tests.helpers.upstream import (
+    diffs_for,
+    installed_vllm_root,
+    run_patch,
+    touched_files,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch")
 

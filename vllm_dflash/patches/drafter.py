@@ -9,7 +9,12 @@ PATCH = "dflash_sliding_window"
 ARCH = "DFlashDraftModel"
 MODEL_CLS = "vllm_dflash.model.drafter:DFlashDraftModel"
 # Speculators-format drafters carry these at the top level; 0.20.x drops them.
-WINDOW_FIELDS = ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers")
+WINDOW_FIELDS = (
+    "layer_types",
+    "use_sliding_window",
+    "sliding_window",
+    "max_window_layers",
+)
 
 
 def _keep_window_fields(stock):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -13,6 +12,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from vllm_dflash.metrics import acceptance_length, fetch_spec_decode
+
+__all__ = ["VllmServer", "acceptance_length", "free_port", "speculative_config_arg"]
 
 
 def free_port() -> int:
@@ -99,26 +102,8 @@ class VllmServer:
             return ""
 
     def metrics(self) -> dict[str, float]:
-        """Spec-decode counters from /metrics (summed over label sets)."""
-        with urllib.request.urlopen(self.base_url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            m = re.match(
-                r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})? ([0-9.e+-]+)$",
-                line,
-            )
-            if m:
-                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-        return out
-
-
-def acceptance_length(counters: dict[str, float]) -> float | None:
-    """Mean tokens per drafting step: accepted / drafts + 1."""
-    drafts = counters.get("vllm:spec_decode_num_drafts", 0.0)
-    if not drafts:
-        return None
-    return counters.get("vllm:spec_decode_num_accepted_tokens", 0.0) / drafts + 1.0
+        """Spec-decode counters from /metrics."""
+        return fetch_spec_decode(self.base_url)
 
 
 def speculative_config_arg(drafter: str, k: int) -> list[str]:

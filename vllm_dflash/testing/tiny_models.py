@@ -300,6 +300,44 @@ def ensure_tiny_models(cache_dir: Path | None = None) -> TinyModels:
     return models
 
 
+# GPU variants: FlashAttention 3 (Hopper) needs head_dim 64/128/256.
+GPU_TARGET = TargetSpec(
+    hidden_size=256, num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=512
+)
+GPU_DENSE = DrafterSpec(
+    name="drafter-dense",
+    layer_types=("full_attention", "full_attention"),
+    target_layer_ids=(1, 3, 4),
+    num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=512,
+)  # fmt: skip
+GPU_SWA = DrafterSpec(
+    name="drafter-swa",
+    layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+    target_layer_ids=(0, 2, 4),
+    sliding_window=6, seed=2,
+    num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=512,
+)  # fmt: skip
+
+
+def ensure_gpu_tiny_models(cache_dir: Path | None = None) -> TinyModels:
+    """Same layout as ensure_tiny_models with FlashAttention-friendly head_dim 128."""
+    root = (cache_dir or default_cache_dir()) / (
+        "gpu-" + _fingerprint(GPU_TARGET, GPU_DENSE, GPU_SWA)
+    )
+    models = TinyModels(
+        root=root,
+        target=root / "target",
+        dense=root / "drafter-dense",
+        swa=root / "drafter-swa",
+    )
+    if not (root / ".complete").exists():
+        build_target(models.target, GPU_TARGET)
+        build_drafter(models.dense, GPU_DENSE, GPU_TARGET)
+        build_drafter(models.swa, GPU_SWA, GPU_TARGET)
+        (root / ".complete").write_text("ok\n")
+    return models
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", type=Path, default=None)

@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DFlash throughput on one GPU with synthetic acceptance (dummy weights).
+
+    python benchmarks/gpu/perf_synthetic.py MODE OUT.jsonl [--conc 1,4,16,64]
+
+MODE: ``base`` (no speculation), ``stock`` (DFlash, vllm-dflash not loaded:
+VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash). Same setup as
+shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
+target, a drafter shaped like z-lab/Qwen3-8B-DFlash-b16 (5 layers, target ids
+[1,9,17,25,33], block 16), bf16, CUDA graphs, 512-token prompts, 1024 output
+tokens, greedy, k=15, rejection_sample_method synthetic, acceptance length 6.35.
+One engine per process; all concurrencies run on it.
+"""
+
+import argparse
+import json
+import os
+import random
+import time
+
+TARGET = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu",
+    "attention_bias": False, "bos_token_id": 151643, "eos_token_id": 151645,
+}  # fmt: skip
+DRAFTER = dict(
+    TARGET, architectures=["DFlashDraftModel"], num_hidden_layers=5, block_size=16,
+    num_target_layers=36, dflash_config={"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+)  # fmt: skip
+
+
+def write_models(root: str) -> None:
+    for name, cfg in (("target", TARGET), ("draft", DRAFTER)):
+        os.makedirs(f"{root}/{name}", exist_ok=True)
+        with open(f"{root}/{name}/config.json", "w") as fh:
+            json.dump(cfg, fh)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["base", "stock", "plugin"])
+    ap.add_argument("out")
+    ap.add_argument("--conc", default="1,4,16,64")
+    ap.add_argument("--tau", type=float, default=6.35)
+    ap.add_argument("--root", default="/root/p8b")
+    args = ap.parse_args()
+    if args.mode == "stock":
+        os.environ["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM
+    write_models(args.root)
+    from vllm import LLM, SamplingParams
+
+    concs = [int(c) for c in args.conc.split(",")]
+    spec = None
+    if args.mode != "base":
+        spec = {
+            "method": "dflash", "model": f"{args.root}/draft", "num_speculative_tokens": 15,
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_length": args.tau,
+        }  # fmt: skip
+    t0 = time.time()
+    llm = LLM(
+        model=f"{args.root}/target", load_format="dummy", skip_tokenizer_init=True,
+        dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
+        speculative_config=spec, seed=0, max_num_seqs=max(concs), disable_log_stats=False,
+    )  # fmt: skip
+    init_s = time.time() - t0
+    rng = random.Random(0)
+    warm = SamplingParams(
+        temperature=0, max_tokens=32, ignore_eos=True, detokenize=False
+    )
+    llm.generate(
+        [{"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}], warm
+    )
+
+    def counters() -> dict:
+        out = {}
+        for m in llm.get_metrics():
+            if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
+                out[m.name] = m.value
+        return out
+
+    sp = SamplingParams(
+        temperature=0, max_tokens=1024, ignore_eos=True, detokenize=False
+    )
+    for conc in concs:
+        prompts = [
+            {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}
+            for _ in range(conc)
+        ]
+        before = counters()
+        t1 = time.time()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        dt = time.time() - t1
+        after = counters()
+        d = {k: after[k] - before.get(k, 0) for k in after}
+        ntok = sum(len(o.outputs[0].token_ids) for o in outs)
+        drafts = d.get("vllm:spec_decode_num_drafts", 0)
+        rec = {
+            "mode": args.mode, "conc": conc, "init_s": round(init_s, 1), "gen_s": round(dt, 3),
+            "tok_s": round(ntok / dt, 1), "tokens": ntok,
+            "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,
+        }  # fmt: skip
+        print("RESULT", json.dumps(rec), flush=True)
+        with open(args.out, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One vLLM engine on the GPU: greedy generation for several batch sizes.
+
+Writes JSON: outputs per batch size, spec-decode counters, engine init time.
+Run one configuration per process (env vars such as VLLM_DFLASH_DISABLE and
+VLLM_DFLASH_TRACE are read when vLLM starts).
+"""
+
+import argparse
+import json
+import time
+
+
+def prompts(n: int, vocab: int = 500) -> list[list[int]]:
+    return [
+        [4 + (i * 37 + j * 11) % vocab for j in range(8 + (i * 13) % 90)]
+        for i in range(n)
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafter")
+    ap.add_argument("--k", type=int, default=7)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from vllm import LLM, SamplingParams
+
+    spec = None
+    if args.drafter:
+        spec = {
+            "method": "dflash",
+            "model": args.drafter,
+            "num_speculative_tokens": args.k,
+        }
+    t0 = time.time()
+    llm = LLM(
+        model=args.target, speculative_config=spec, dtype=args.dtype, max_model_len=1024,
+        enforce_eager=args.eager, gpu_memory_utilization=0.3, seed=0, max_num_seqs=32,
+        disable_log_stats=False,
+    )  # fmt: skip
+    init_s = time.time() - t0
+    result = {"init_s": init_s, "batches": {}}
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    for bs in [int(x) for x in args.batch_sizes.split(",")]:
+        ps = prompts(bs)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp)
+        result["batches"][str(bs)] = {
+            "prompts": ps,
+            "outputs": [list(o.outputs[0].token_ids) for o in outs],
+            "request_ids": [o.request_id for o in outs],
+        }
+    counters = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
+            counters[m.name] = m.value
+    result["spec_decode"] = counters
+    with open(args.out, "w") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main()

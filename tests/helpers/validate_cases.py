@@ -1,0 +1,37 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build vllm.LLM with each broken drafter; print {case: error line} as JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+from tests.helpers.bad_drafters import CASES, make
+
+
+def main() -> None:
+    target, dense, workdir = (Path(a) for a in sys.argv[1:4])
+    from vllm import LLM
+
+    results = {}
+    for name, (edits, k, _) in CASES.items():
+        drafter = make(dense, workdir / name, edits)
+        try:
+            LLM(
+                model=str(target),
+                speculative_config={
+                    "method": "dflash",
+                    "model": str(drafter),
+                    "num_speculative_tokens": k,
+                },
+                dtype="float32",
+                max_model_len=512,
+                enforce_eager=True,
+            )
+            results[name] = {"error": None}
+        except Exception as e:  # what a user would see
+            results[name] = {"type": type(e).__name__, "error": str(e)}
+    print("RESULTS " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
