@@ -16,6 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = ROOT / "tests" / "helpers" / "offline_run.py"
 
 
+def pytest_configure(config) -> None:
+    # Subprocesses (vLLM engines, servers, the CLI) import this checkout's
+    # vllm_dflash and tests.helpers, never a stale installed copy.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> TinyModels:
     cache = os.environ.get("VLLM_DFLASH_FIXTURES")

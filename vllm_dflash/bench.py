@@ -20,6 +20,7 @@ class RequestResult:
     ttft_s: float
     latency_s: float
     output_tokens: int
+    finish_reason: str | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -45,12 +46,17 @@ def load_prompts(path: Path) -> list[dict]:
     return items
 
 
-def _one(client, model: str, item: dict, max_tokens: int) -> RequestResult:
+def _one(
+    client, model: str, item: dict, max_tokens: int, ignore_eos: bool
+) -> RequestResult:
     start = time.perf_counter()
     first = None
     n_out = 0
+    finish = None
     kwargs = dict(model=model, max_tokens=item.get("max_tokens", max_tokens), temperature=0,
                   stream=True, stream_options={"include_usage": True})  # fmt: skip
+    if ignore_eos:
+        kwargs["extra_body"] = {"ignore_eos": True}
     if "messages" in item:
         stream = client.chat.completions.create(messages=item["messages"], **kwargs)
     else:
@@ -58,11 +64,16 @@ def _one(client, model: str, item: dict, max_tokens: int) -> RequestResult:
     for chunk in stream:
         if chunk.choices and first is None:
             first = time.perf_counter()
+        for choice in chunk.choices or ():
+            finish = choice.finish_reason or finish
         if getattr(chunk, "usage", None):
             n_out = chunk.usage.completion_tokens
     end = time.perf_counter()
     return RequestResult(
-        ttft_s=(first or end) - start, latency_s=end - start, output_tokens=n_out
+        ttft_s=(first or end) - start,
+        latency_s=end - start,
+        output_tokens=n_out,
+        finish_reason=finish,
     )
 
 
@@ -74,7 +85,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def run_bench(base_url: str, model: str, prompts: list[dict], concurrency: int,
-              max_tokens: int, progress: bool = True) -> dict:  # fmt: skip
+              max_tokens: int, ignore_eos: bool = False, progress: bool = True) -> dict:  # fmt: skip
     from openai import OpenAI
     from tqdm import tqdm
 
@@ -86,7 +97,7 @@ def run_bench(base_url: str, model: str, prompts: list[dict], concurrency: int,
     lock = threading.Lock()
 
     def work(item: dict) -> RequestResult:
-        res = _one(client, model, item, max_tokens)
+        res = _one(client, model, item, max_tokens, ignore_eos)
         with lock:
             bar.update(1)
         return res

@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--num-prompts", type=int, default=0, help="repeat/cut the file to N requests"
     )
+    bench.add_argument(
+        "--ignore-eos", action="store_true", help="always generate max tokens"
+    )
     bench.add_argument("--out", type=Path, help="write the JSON result here")
     args = parser.parse_args(argv)
     if args.command == "doctor":

@@ -10,7 +10,7 @@ The hook is installed only when the variable is set, so it costs nothing
 otherwise; when set it copies a few small tensors to the host once per step (a
 debugging aid). Tokens are read from the drafting step's own inputs (the
 step's context tokens and the newest token), which is right with asynchronous
-scheduling too; older tokens come from the runner's committed token table.
+scheduling too (see TokenHistory).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from vllm_dflash.patches.registry import original, replace_attr
 
 PATCH = "dflash_trace"
 _RUNNER = "_vllm_dflash_runner"
+_HISTORY = "_vllm_dflash_history"
 _lock = threading.Lock()
 
 
@@ -41,8 +42,41 @@ class TraceWriter:
             fh.write(blob)
 
 
+class TokenHistory:
+    """The last few committed tokens of each request, from drafting-step inputs.
+
+    Every committed token is a valid context token of some drafting step (prompt
+    chunks, then each step's previous newest token and accepted drafts), so this
+    stays right with asynchronous scheduling, where the runner's host token table
+    lags behind the device. Prompt tokens it never saw (prefix-cache hits) come
+    from that table, which always holds the prompt.
+    """
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self._by_req: dict[str, dict[int, int]] = {}
+
+    def add(self, req_id: str, positions: list[int], tokens: list[int]) -> None:
+        hist = self._by_req.setdefault(req_id, {})
+        hist.update(zip(positions[-self.KEEP :], tokens[-self.KEEP :], strict=True))
+        if len(hist) > 2 * self.KEEP:
+            for p in sorted(hist)[: -self.KEEP]:
+                del hist[p]
+
+    def get(self, req_id: str, pos: int, fallback) -> int:
+        tok = self._by_req.get(req_id, {}).get(pos)
+        return int(fallback(pos)) if tok is None else tok
+
+    def retain(self, live: set[str], limit: int) -> None:
+        if len(self._by_req) > limit:
+            for rid in [r for r in self._by_req if r not in live]:
+                del self._by_req[rid]
+
+
 def collect_records(
     runner,
+    history: TokenHistory,
     target_token_ids: torch.Tensor,
     target_positions: torch.Tensor,
     next_token_ids: torch.Tensor,
@@ -64,22 +98,26 @@ def collect_records(
     table = runner.input_batch.token_ids_cpu
     records = []
     for i in range(batch):
-        if discard[i]:
-            continue  # partial prefill: the draft is thrown away
         start, end = qsl[i], qsl[i + 1] - rejected[i]
         if end <= start:
             continue
-        step = dict(zip(positions[start:end], tokens[start:end], strict=True))
-        n = positions[end - 1] + 2  # newest token sits right after the last context one
-        prev = [step.get(p, int(table[i, p])) for p in range(max(0, n - 4), n - 1)]
+        history.add(req_ids[i], positions[start:end], tokens[start:end])
+        if discard[i]:
+            continue  # partial prefill: the draft is thrown away
+        n = positions[end - 1] + 2  # the newest token sits right after the context
+        prev = [
+            history.get(req_ids[i], p, lambda p, i=i: table[i, p])
+            for p in range(max(0, n - 4), n - 1)
+        ]
         records.append(
             {
                 "request_id": req_ids[i],
                 "num_tokens": n,
-                "last_token_ids": [int(t) for t in prev] + [int(newest[i])],
+                "last_token_ids": prev + [int(newest[i])],
                 "draft_token_ids": [int(t) for t in drafts_l[i]],
             }
         )
+    history.retain(set(req_ids), limit=4 * max(batch, 64))
     return records
 
 
@@ -101,6 +139,7 @@ def apply() -> None:
     def __init__(self, vllm_config, device, runner=None) -> None:
         stock_init(self, vllm_config, device, runner)
         setattr(self, _RUNNER, runner)
+        setattr(self, _HISTORY, TokenHistory())
 
     def propose(self, *args, **kwargs):
         drafts = stock_propose(self, *args, **kwargs)
@@ -117,6 +156,7 @@ def apply() -> None:
         writer.write(
             collect_records(
                 runner,
+                getattr(self, _HISTORY),
                 a["target_token_ids"],
                 a["target_positions"],
                 a["next_token_ids"],

@@ -90,3 +90,18 @@ def test_bad_drafter_config_one_line_error(llm_errors, case):
     assert got["type"] == "DrafterConfigError", got
     assert CASES[case][2] in got["error"], got["error"]
     assert "\n" not in got["error"]
+
+
+def test_vllm_command_runs_on_the_cpu_wheel():
+    """cpu_cli_distribution_name: the `vllm` CLI finds its version and the CPU platform."""
+    from vllm_dflash.cpu.dist_name import probe
+
+    if not probe():
+        pytest.skip("a 'vllm' distribution is installed: nothing to fix")
+    ok = subprocess.run(
+        [*VLLM, "--version"], env=_env(), capture_output=True, text=True
+    )
+    assert ok.returncode == 0 and ok.stdout.strip().endswith("+cpu"), ok.stderr[-2000:]
+    env = {**_env(), "VLLM_DFLASH_DISABLE": "cpu_cli_distribution_name"}
+    bad = subprocess.run([*VLLM, "--version"], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "PackageNotFoundError" in bad.stderr

