@@ -19,6 +19,8 @@ def parse_spec_decode(text: str) -> dict[str, float]:
         if not m:
             continue
         name = m.group(1)
+        if name.endswith("_created"):
+            continue  # Prometheus creation timestamps, not counts
         pos = re.search(r'position="(\d+)"', m.group(2) or "")
         if pos:
             name = f"{name}[{pos.group(1)}]"

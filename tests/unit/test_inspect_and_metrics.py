@@ -40,10 +40,12 @@ def test_parse_metrics():
             'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0',
             'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0',
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 9.0',
+            "vllm:spec_decode_num_drafts_created 1795971735.4",
             "vllm:other_total 3.0",
         ]
     )
     c = parse_spec_decode(text)
     assert c["vllm:spec_decode_num_drafts"] == 10.0
+    assert not any(k.endswith("_created") for k in c)
     assert c["vllm:spec_decode_num_accepted_tokens_per_pos[0]"] == 9.0
     assert acceptance_length(c) == pytest.approx(3.5)
