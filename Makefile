@@ -8,7 +8,7 @@ STAMP := $(VENV)/.vllm-dflash-installed
 install: $(STAMP)
 
 $(STAMP): ci/install.sh ci/requirements-cpu-vllm0.20.1.txt pyproject.toml setup.py \
-		vllm_dflash_startup.pth $(shell find vllm_dflash -name '*.py')
+		vllm_dflash_startup.pth vllm_dflash_startup.py $(shell find vllm_dflash -name '*.py')
 	VENV=$(VENV) bash ci/install.sh
 	touch $@
 
