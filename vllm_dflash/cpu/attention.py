@@ -111,37 +111,18 @@ def apply_noncausal() -> None:
         return md
 
     def forward(
-        self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs
+        self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs
     ):
-        if attn_metadata is None or not getattr(attn_metadata, _ROWS, False):
-            return stock_forward(
-                self,
-                layer,
-                query,
-                key,
-                value,
-                kv_cache,
-                attn_metadata,
-                output,
-                *args,
-                **kwargs,
-            )
-        attn_metadata.causal = True  # rows of length 1: causal == sees all keys
+        rows = attn_metadata is not None and getattr(attn_metadata, _ROWS, False)
+        if rows:
+            attn_metadata.causal = True  # rows of length 1: causal == sees all keys
         try:
             return stock_forward(
-                self,
-                layer,
-                query,
-                key,
-                value,
-                kv_cache,
-                attn_metadata,
-                output,
-                *args,
-                **kwargs,
+                self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs
             )
         finally:
-            attn_metadata.causal = False
+            if rows:
+                attn_metadata.causal = False
 
     replace_attr(cpu_attn.CPUAttentionMetadataBuilder, "build", build, PATCH_NONCAUSAL)
     replace_attr(cpu_attn.CPUAttentionBackendImpl, "forward", forward, PATCH_NONCAUSAL)
