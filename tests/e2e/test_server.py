@@ -52,6 +52,15 @@ def _bench(base_url: str, model: str, tmp_path) -> dict:
     return json.loads(out.read_text())
 
 
+def _unexpected_tracebacks(log: str) -> list[str]:
+    """Tracebacks in a server log, minus the known shutdown noise after Ctrl-C
+    (SIGINT to the process group): the worker's SystemExit from vLLM's signal
+    handler and, with PyPI's CUDA torch on CPU, its search for an NVIDIA driver."""
+    blocks = log.split("Traceback (most recent call last):")[1:]
+    noise = ("SystemExit", "Found no NVIDIA driver")
+    return [b[:3000] for b in blocks if not any(n in b for n in noise)]
+
+
 def _serve_and_query(
     model: str, extra: list[str], tmp_path, tag: str, bench: bool = False
 ) -> dict:
@@ -118,4 +127,4 @@ def test_serve_dflash_is_lossless(tiny_models, tmp_path):
     assert b["spec_decode"]["acceptance_length"] >= 1.0
     for r in (base, spec):
         assert r["rc"] == 0, r["log"][-3000:]  # stopped cleanly on SIGINT
-        assert "Traceback" not in r["log"], r["log"][-3000:]
+        assert not _unexpected_tracebacks(r["log"]), _unexpected_tracebacks(r["log"])[0]
