@@ -76,16 +76,6 @@ _results: dict[str, PatchResult] = {}
 _applied_pid: int | None = None
 
 
-def results() -> dict[str, PatchResult]:
-    return dict(_results)
-
-
-def is_active(name: str) -> bool:
-    """True if patch ``name`` was applied in this process."""
-    res = _results.get(name)
-    return res is not None and res.state is PatchState.APPLIED
-
-
 def evaluate(patch: Patch, apply: bool) -> PatchResult:
     """Decide a patch's state; apply it if needed and ``apply`` is set."""
     if patch.name in envs.disabled_patches():
