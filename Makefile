@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vllm-dflash-installed
 
-.PHONY: install demo test test-fast lint format doctor clean
+.PHONY: install demo test test-fast matrix matrix-full lint format doctor clean
 
 install: $(STAMP)
 
@@ -18,6 +18,12 @@ demo: install  ## DFlash on vLLM's CPU backend: tiny models, vllm serve, request
 test: install  ## the whole suite (unit + CPU end-to-end), as CI runs it
 	$(PY) -m pytest tests
 
+matrix: install  ## smoke test every other pinned vLLM (ci/matrix.toml): doctor states, lossless, diffs
+	$(PY) ci/matrix.py --mode smoke
+
+matrix-full: install  ## the whole suite on every other pinned vLLM
+	$(PY) ci/matrix.py --mode full
+
 test-fast: install  ## unit tests only
 	$(PY) -m pytest tests -m "not cpu_e2e"
 
@@ -31,4 +37,4 @@ doctor: install
 	$(VENV)/bin/vllm-dflash doctor
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-matrix .pytest_cache

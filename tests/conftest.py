@@ -24,6 +24,18 @@ def pytest_configure(config) -> None:
     )
 
 
+def skip_unless_needed(patch_name: str) -> None:
+    """Skip a "this patch matters" test where the running vLLM does not need it
+    (fixed upstream, or the defect is absent on this CPU)."""
+    from vllm_dflash.patches.catalog import PATCHES
+    from vllm_dflash.patches.registry import evaluate
+
+    patch = next(p for p in PATCHES if p.name == patch_name)
+    result = evaluate(patch, apply=False)
+    if result.state.value != "applied":
+        pytest.skip(f"{patch_name}: {result.state.value} here ({result.reason})")
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> TinyModels:
     cache = os.environ.get("VLLM_DFLASH_FIXTURES")

@@ -6,8 +6,18 @@ from functools import cache
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-# vLLM releases this plugin has been checked against (see ci/matrix).
+# The range patches declare (Patch.versions)...
 SUPPORTED_VLLM = SpecifierSet(">=0.20.0,<0.24.0")
+# ...and the releases actually verified by ci/matrix.toml (a unit test keeps the
+# two lists equal). On any other vLLM the plugin applies nothing and says so once.
+VERIFIED_VLLM: tuple[str, ...] = (
+    "0.20.0",
+    "0.20.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.23.0",
+)
 
 
 @cache
@@ -24,7 +34,7 @@ def vllm_version_str() -> str:
 
 
 def is_supported_vllm() -> bool:
-    return vllm_version() in SUPPORTED_VLLM
+    return str(vllm_version()) in VERIFIED_VLLM and vllm_version() in SUPPORTED_VLLM
 
 
 @cache

@@ -16,3 +16,12 @@ def disabled_patches() -> frozenset[str]:
 
 def trace_path() -> str | None:
     return os.environ.get(VLLM_DFLASH_TRACE) or None
+
+
+# Path of a JSON file; when set, GPU workers time the sections of each DFlash
+# step (device-synchronised: a measuring aid, not for production).
+VLLM_DFLASH_PROFILE = "VLLM_DFLASH_PROFILE"
+
+
+def profile_path() -> str | None:
+    return os.environ.get(VLLM_DFLASH_PROFILE) or None

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Entry point for a lent GPU machine (the `run` tool): unpack the carried vLLM
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
-#   bash benchmarks/gpu/device_run.sh check|perf|all     (results under $OUT)
+#   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
+# Stages: check (gpu_check.py; RUNS=subset), perf (perf_synthetic.py; PERF_MODES,
+# PERF_CONC, PERF_TP, PERF_REPEATS), profile (plugin step profile at PERF_CONC),
+# swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS).
 set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -10,7 +13,7 @@ T0=$(date +%s)
 say() { echo "[device $(( $(date +%s) - T0 ))s] $*" | tee -a "$W/device.log"; }
 finish() {
   cp "$W/device.log" "$OUT/" 2>/dev/null
-  cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$OUT/" 2>/dev/null
+  cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$W/swa.jsonl" "$OUT/" 2>/dev/null
   tar -C "$W" -cJf "$OUT/logs.tar.xz" --exclude='*.trace.jsonl' . 2>/dev/null
 }
 trap finish EXIT
@@ -21,20 +24,53 @@ if [ ! -d /root/site/vllm ]; then
 fi
 export PYTHONPATH=/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# Never NVLink multicast on the lent hosts (shared GPUs): keep it off everywhere.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The plugin's entry point must be discoverable: install its metadata into the site dir.
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /root/site . \
   >"$W/pip.log" 2>&1 || { say "plugin install failed"; cat "$W/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$W/device.log"
 python3 -m vllm_dflash.cli doctor --json > "$W/doctor.json" 2>"$W/doctor.err"; say "doctor rc=$?"
-for stage in "$@"; do
+run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock)
+  local stage=${1%%:*} arg=""
+  [[ $1 == *:* ]] && arg=${1#*:}
+  local gpu=${CUDA_VISIBLE_DEVICES:-all}
   case $stage in
     check) python3 benchmarks/gpu/gpu_check.py --out "$W/check" --budget "${BUDGET:-500}" --runs "${RUNS:-}" 2>&1 | tail -40 ;;
     perf)
-      for mode in ${PERF_MODES:-base stock plugin}; do
-        timeout 240 python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
-          --conc "${PERF_CONC:-1,4,16,64}" > "$W/perf-$mode.log" 2>&1
-        say "perf $mode rc=$?"; grep RESULT "$W/perf-$mode.log"
+      for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
+        for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
+          local log="$W/perf-$mode-tp${PERF_TP:-1}-rep$rep-gpu$gpu.log"
+          timeout 300 python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
+            --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" \
+            --root "/root/p8b-$mode-$gpu" > "$log" 2>&1
+          say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
+          grep RESULT "$log" | cut -c1-220
+        done
       done ;;
+    profile)
+      timeout 300 python3 benchmarks/gpu/perf_synthetic.py plugin "$W/perf.jsonl" \
+        --conc "${PROFILE_CONC:-1,16}" --tag profile --profile /root/step-profile.json \
+        --root /root/p8b-profile > "$W/profile.log" 2>&1
+      say "profile rc=$?"; grep RESULT "$W/profile.log" | cut -c1-600 ;;
+    swa)
+      for v in ${arg:-swa full}; do
+        timeout 300 python3 benchmarks/gpu/swa_context.py "$v" "$W/swa.jsonl" \
+          --contexts "${SWA_CONTEXTS:-1024,8192,32768}" --root "/root/q36-$v" \
+          > "$W/swa-$v.log" 2>&1
+        say "swa $v rc=$?"; grep RESULT "$W/swa-$v.log" | cut -c1-400
+      done ;;
+    *) say "unknown stage $1" ;;
   esac
+}
+# STAGE@N runs in the background on GPU N (two stages on two GPUs at once);
+# plain stages run in order in the foreground.
+for stage in "$@"; do
+  if [[ $stage == *@* ]]; then
+    ( export CUDA_VISIBLE_DEVICES=${stage##*@}; run_stage "${stage%@*}" ) &
+  else
+    run_stage "$stage"
+  fi
 done
+wait
 say "done"

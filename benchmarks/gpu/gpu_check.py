@@ -26,19 +26,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-RUNS = [  # name, drafter, eager, disable
-    ("base-eager", None, True, ""),
-    ("dense-eager", "dense", True, ""),
-    ("swa-eager", "swa", True, ""),
-    ("dense-eager-stock40727", "dense", True, "dflash_aux_layer_shift"),
-    ("swa-eager-stock40898", "swa", True, "dflash_sliding_window"),
-    ("base-graph", None, False, ""),
-    ("dense-graph", "dense", False, ""),
-    ("swa-graph", "swa", False, ""),
+RUNS = [  # name, drafter, eager, disable, tensor_parallel_size
+    ("base-eager", None, True, "", 1),
+    ("dense-eager", "dense", True, "", 1),
+    ("swa-eager", "swa", True, "", 1),
+    ("dense-eager-stock40727", "dense", True, "dflash_aux_layer_shift", 1),
+    ("swa-eager-stock40898", "swa", True, "dflash_sliding_window", 1),
+    ("base-graph", None, False, "", 1),
+    ("dense-graph", "dense", False, "", 1),
+    ("swa-graph", "swa", False, "", 1),
+    # Tensor parallel (2 GPUs): drafter heads split across ranks, fc replicated.
+    ("base-graph-tp2", None, False, "", 2),
+    ("dense-graph-tp2", "dense", False, "", 2),
+    ("swa-graph-tp2", "swa", False, "", 2),
+    # Stock vLLM (no plugin at all: VLLM_PLUGINS="") at TP=2, for the record.
+    ("dense-graph-tp2-noplugin", "dense", False, "*", 2),
 ]
 
 
-def run_one(name, models, drafter, eager, disable, out: Path, timeout: float) -> dict:
+def base_run_for(name: str) -> str:
+    """The non-speculative run with the same eager/graph mode and TP size."""
+    mode = "eager" if "-eager" in name else "graph"
+    tp = "-tp2" if "-tp2" in name else ""
+    return f"base-{mode}{tp}"
+
+
+def run_one(
+    name, models, drafter, eager, disable, tp, out: Path, timeout: float
+) -> dict:
     res_file, trace = out / f"{name}.json", out / f"{name}.trace.jsonl"
     cmd = [
         sys.executable,
@@ -52,11 +67,15 @@ def run_one(name, models, drafter, eager, disable, out: Path, timeout: float) ->
         cmd += ["--drafter", str(getattr(models, drafter))]
     if eager:
         cmd.append("--eager")
+    if tp > 1:
+        cmd += ["--tp", str(tp)]
     env = {
         **os.environ,
-        "VLLM_DFLASH_DISABLE": disable,
+        "VLLM_DFLASH_DISABLE": "" if disable == "*" else disable,
         "VLLM_DFLASH_TRACE": str(trace),
     }
+    if disable == "*":
+        env["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     t0 = time.time()
     try:
@@ -166,7 +185,7 @@ def main() -> int:
     models = ensure_gpu_tiny_models(args.models)
     runs = {}
     wanted = set(filter(None, args.runs.split(",")))
-    for name, drafter, eager, disable in RUNS:
+    for name, drafter, eager, disable, tp in RUNS:
         if wanted and name not in wanted:
             continue
         left = args.budget - (time.time() - t_start) - 60
@@ -174,7 +193,7 @@ def main() -> int:
             runs[name] = {"rc": None, "skipped": "time budget"}
             continue
         runs[name] = run_one(
-            name, models, drafter, eager, disable, args.out, min(left, 240)
+            name, models, drafter, eager, disable, tp, args.out, min(left, 240)
         )
         print(
             f"[gpu_check] {name}: rc={runs[name]['rc']} {runs[name]['wall_s']:.0f}s {runs[name]['backends']}",
@@ -196,8 +215,7 @@ def main() -> int:
         if r.get("data"):
             entry["spec_decode"] = r["data"]["spec_decode"]
             entry["init_s"] = r["data"]["init_s"]
-            mode = "eager" if "eager" in name else "graph"
-            base = runs.get(f"base-{mode}", {}).get("data")
+            base = runs.get(base_run_for(name), {}).get("data")
             drafter = (
                 "dense"
                 if name.startswith("dense")

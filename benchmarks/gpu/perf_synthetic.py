@@ -46,7 +46,15 @@ def main() -> None:
     ap.add_argument("--conc", default="1,4,16,64")
     ap.add_argument("--tau", type=float, default=6.35)
     ap.add_argument("--root", default="/root/p8b")
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    ap.add_argument("--tag", default="", help="label stored with each record")
+    ap.add_argument(
+        "--profile", default=None,
+        help="VLLM_DFLASH_PROFILE file: per-section step times (adds device syncs)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.profile:
+        os.environ["VLLM_DFLASH_PROFILE"] = args.profile
     if args.mode == "stock":
         os.environ["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM
     write_models(args.root)
@@ -64,6 +72,7 @@ def main() -> None:
         model=f"{args.root}/target", load_format="dummy", skip_tokenizer_init=True,
         dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
         speculative_config=spec, seed=0, max_num_seqs=max(concs), disable_log_stats=False,
+        tensor_parallel_size=args.tp,
     )  # fmt: skip
     init_s = time.time() - t0
     rng = random.Random(0)
@@ -73,6 +82,8 @@ def main() -> None:
     llm.generate(
         [{"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}], warm
     )
+    if args.profile and os.path.exists(args.profile):
+        os.remove(args.profile)  # measure from the first timed request on
 
     def counters() -> dict:
         out = {}
@@ -98,10 +109,14 @@ def main() -> None:
         ntok = sum(len(o.outputs[0].token_ids) for o in outs)
         drafts = d.get("vllm:spec_decode_num_drafts", 0)
         rec = {
-            "mode": args.mode, "conc": conc, "init_s": round(init_s, 1), "gen_s": round(dt, 3),
+            "mode": args.mode, "tp": args.tp, "tag": args.tag, "conc": conc, "init_s": round(init_s, 1), "gen_s": round(dt, 3),
             "tok_s": round(ntok / dt, 1), "tokens": ntok,
             "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,
         }  # fmt: skip
+        if args.profile and os.path.exists(args.profile):
+            with open(args.profile) as fh:
+                rec["profile"] = json.load(fh)
+            os.remove(args.profile)  # next concurrency starts a fresh profile
         print("RESULT", json.dumps(rec), flush=True)
         with open(args.out, "a") as fh:
             fh.write(json.dumps(rec) + "\n")

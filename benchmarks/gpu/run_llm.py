@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from vllm import LLM, SamplingParams
@@ -42,7 +43,7 @@ def main() -> None:
     llm = LLM(
         model=args.target, speculative_config=spec, dtype=args.dtype, max_model_len=1024,
         enforce_eager=args.eager, gpu_memory_utilization=0.3, seed=0, max_num_seqs=32,
-        disable_log_stats=False,
+        disable_log_stats=False, tensor_parallel_size=args.tp,
     )  # fmt: skip
     init_s = time.time() - t0
     result = {"init_s": init_s, "batches": {}}

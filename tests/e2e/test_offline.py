@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from tests.conftest import skip_unless_needed
 from tests.helpers.equivalence import compare
 from tests.helpers.reference import Reference
 
@@ -23,6 +24,7 @@ CPU_PATCHES = (
     "cpu_aux_hidden_state_layers",
     "cpu_keep_dflash_weights",
     "cpu_rejection_sampler_args",
+    "cpu_recovered_tokens_args",
     "cpu_dflash_input_expansion",
     "cpu_attn_kv_cache_update",
     "cpu_attn_exact_noncausal",
@@ -92,6 +94,7 @@ def test_lossless_and_drafts_match_reference(
 def test_disabling_a_backport_breaks_equivalence(
     offline, baseline, refs, drafter, patch
 ):
+    skip_unless_needed(patch)
     good = _check(
         offline.run(drafter, max_num_batched_tokens=CHUNKED), baseline, refs[drafter]
     )
@@ -104,6 +107,7 @@ def test_disabling_a_backport_breaks_equivalence(
 
 @pytest.mark.parametrize("patch", CPU_PATCHES)
 def test_each_cpu_patch_is_needed(offline, baseline, refs, patch):
+    skip_unless_needed(patch)
     if patch == "cpu_keep_dflash_weights":
         from vllm_dflash.cpu.weights import repacking_active
 
@@ -135,9 +139,11 @@ def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_f
     import subprocess
     import sys
 
+    import vllm
+
     from tests.helpers.upstream import patched_copy
 
-    dest = patched_copy("0.20.1", tmp_path_factory.mktemp("vllm-patched"))
+    dest = patched_copy(vllm.__version__, tmp_path_factory.mktemp("vllm-patched"))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(dest), os.environ.get("PYTHONPATH", "")]),

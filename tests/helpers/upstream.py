@@ -20,7 +20,13 @@ def installed_vllm_root() -> Path:
 
 
 def diffs_for(version: str) -> list[Path]:
-    return sorted((ROOT / "patches" / f"v{version}").glob("*.diff"))
+    """The diffs ci/matrix.toml assigns to this vLLM version (release part only)."""
+    from ci.matrix import load_matrix
+
+    spec = load_matrix()["versions"].get(version.split("+")[0])
+    if spec is None:
+        return []
+    return sorted((ROOT / spec["patches"]).glob("*.diff"))
 
 
 def touched_files(diff: Path) -> list[str]:

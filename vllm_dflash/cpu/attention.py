@@ -14,6 +14,7 @@
    is called with ``causal=True`` on the expanded rows.
 """
 
+import inspect
 from dataclasses import replace
 
 import torch
@@ -23,6 +24,34 @@ from vllm_dflash.patches.registry import original, replace_attr
 PATCH_KV_UPDATE = "cpu_attn_kv_cache_update"
 PATCH_NONCAUSAL = "cpu_attn_exact_noncausal"
 _ROWS = "_vllm_dflash_noncausal_rows"
+
+
+def split_kv_cache(
+    kv_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(key_cache, value_cache, block_size, head_size) for both CPU layouts.
+
+    vLLM <= 0.22: [2, blocks, kv_heads, block_size, head_size];
+    vLLM 0.23:    [blocks, kv_heads, block_size, 2 * head_size], which its
+    forward views as [blocks, kv_heads, 2 * block_size, head_size] and chunks.
+    """
+    if kv_cache.dim() == 5:
+        key_cache, value_cache = kv_cache.unbind(0)
+        return key_cache, value_cache, kv_cache.shape[3], kv_cache.shape[4]
+    blocks, heads, block_size, two_hd = kv_cache.shape
+    view = kv_cache.view(blocks, heads, 2 * block_size, two_hd // 2)
+    key_cache, value_cache = view.chunk(2, dim=2)
+    return key_cache, value_cache, block_size, two_hd // 2
+
+
+def get_isa(dtype: torch.dtype, block_size: int, head_size: int, kv_dtype: str) -> str:
+    """The ISA string the metadata builder picks (signature differs by version)."""
+    from vllm.v1.attention.backends import cpu_attn
+
+    params = inspect.signature(cpu_attn._get_attn_isa).parameters
+    if "kv_cache_dtype" in params:
+        return cpu_attn._get_attn_isa(dtype, block_size, head_size, kv_dtype)
+    return cpu_attn._get_attn_isa(dtype, block_size, head_size)
 
 
 def probe_kv_update() -> bool:
@@ -43,14 +72,19 @@ def apply_kv_update() -> None:
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        # kv_cache: [2, num_blocks, num_kv_heads, block_size, head_size]
-        key_cache, value_cache = kv_cache.unbind(0)
-        isa = cpu_attn._get_attn_isa(
-            kv_cache.dtype, kv_cache.shape[3], kv_cache.shape[4]
-        )
+        key_cache, value_cache, block_size, head_size = split_kv_cache(kv_cache)
+        kv_dtype = getattr(self, "kv_cache_dtype", "auto")
+        isa = get_isa(kv_cache.dtype, block_size, head_size, kv_dtype)
         n = slot_mapping.shape[0]
+        kwargs = {}
+        if kv_dtype != "auto" and layer is not None:
+            kwargs = {
+                "k_scale": layer._k_scale_float,
+                "v_scale": layer._v_scale_float,
+                "kv_cache_dtype": kv_dtype,
+            }
         ops.cpu_attn_reshape_and_cache(
-            key[:n], value[:n], key_cache, value_cache, slot_mapping, isa
+            key[:n], value[:n], key_cache, value_cache, slot_mapping, isa, **kwargs
         )
 
     replace_attr(

@@ -98,3 +98,36 @@ def apply() -> None:
     ):
         fn.__wrapped_original__ = getattr(cpu_tl, attr).func
         replace_attr(cpu_tl, attr, cpu_tl._FuncWrapper(fn), PATCH)
+
+
+RECOVERED_PATCH = "cpu_recovered_tokens_args"
+
+
+def recovered_probe() -> bool:
+    """vLLM 0.23 passes USE_FP64_GUMBEL to sample_recovered_tokens_kernel; its
+    CPU fallback does not take it (TypeError in the profile run)."""
+    import vllm.v1.sample.rejection_sampler as rs
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    caller = inspect.getsource(rs.sample_recovered_tokens)
+    params = inspect.signature(original(cpu_tl.sample_recovered_tokens_kernel.func))
+    return "USE_FP64_GUMBEL" in caller and "USE_FP64_GUMBEL" not in params.parameters
+
+
+def recovered_apply() -> None:
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    stock = original(cpu_tl.sample_recovered_tokens_kernel.func)
+
+    def sample_recovered(*args, USE_FP64_GUMBEL=False, **kwargs):  # noqa: N803
+        # The CPU kernel computes the Gumbel race in float32 only; the flag is a
+        # precision choice of the GPU kernel, not a different distribution.
+        stock(*args, **kwargs)
+
+    sample_recovered.__wrapped_original__ = cpu_tl.sample_recovered_tokens_kernel.func
+    replace_attr(
+        cpu_tl,
+        "sample_recovered_tokens_kernel",
+        cpu_tl._FuncWrapper(sample_recovered),
+        RECOVERED_PATCH,
+    )

@@ -5,7 +5,7 @@ Order matters only where a patch wraps a symbol another one also wraps; each
 apply() is idempotent and each probe reads the unpatched vLLM object.
 """
 
-from vllm_dflash import trace
+from vllm_dflash import profile, trace
 from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
@@ -14,7 +14,7 @@ from vllm_dflash.cpu import (
     runner,
     weights,
 )
-from vllm_dflash.patches import aux_layers, cli, drafter
+from vllm_dflash.patches import aux_layers, capture, cli, drafter
 from vllm_dflash.patches.registry import Patch, PatchState
 
 V020 = ">=0.20.0,<0.24.0"
@@ -99,11 +99,26 @@ PATCHES: tuple[Patch, ...] = (
         summary="CPU rejection-sampler fallbacks accept the synthetic-mode arguments.",
         why="TypeError at the first verification step of any speculative method on CPU.",
         upstream="fixed upstream in 0.21.0",
-        versions=">=0.20.0,<0.21.0",
+        versions=V020,
         platforms=CPU_ONLY,
         probe=rejection.probe,
         apply=rejection.apply,
-        future="Drop with 0.20.x support.",
+        future="Drop with 0.20.x support; the probe already skips it from 0.21.0.",
+    ),
+    Patch(
+        name=rejection.RECOVERED_PATCH,
+        kind="cpu",
+        targets=("vllm.utils.cpu_triton_utils:sample_recovered_tokens_kernel",),
+        summary="CPU recovered-token sampler fallback accepts USE_FP64_GUMBEL.",
+        why="vLLM 0.23.0 passes USE_FP64_GUMBEL; the CPU fallback raises TypeError "
+        "in the profile run of any speculative method.",
+        upstream="none, CPU backend defect (new in 0.23.0)",
+        versions=V020,
+        platforms=CPU_ONLY,
+        probe=rejection.recovered_probe,
+        apply=rejection.recovered_apply,
+        future="Upstream: add USE_FP64_GUMBEL to the CPU fallback signature.",
+        probe_false_reason="this vLLM's rejection sampler does not pass USE_FP64_GUMBEL",
     ),
     Patch(
         name=dflash_inputs.PATCH,
@@ -186,6 +201,25 @@ PATCHES: tuple[Patch, ...] = (
         future="Propose the lenient parser upstream.",
     ),
     Patch(
+        name=capture.PATCH,
+        kind="fix",
+        targets=(
+            "vllm.v1.spec_decode.dflash:DFlashProposer.dummy_run",
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner.profile_cudagraph_memory",
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner.capture_model",
+        ),
+        summary="No drafter CUDA-graph replay inside a capture session: DFlash starts at TP>1.",
+        why="Every target size clamps to one drafter graph that is replayed while custom "
+        "all-reduce buffers are unregistered: illegal memory access at start-up, TP>1.",
+        upstream="none (same mechanism as vllm-project/vllm#28334)",
+        versions=V020,
+        platforms=("cuda", "rocm"),
+        probe=capture.probe,
+        apply=capture.apply,
+        future="Upstream: capture each drafter graph size once per capture session.",
+        probe_false_reason="DFlashProposer.dummy_run no longer clamps to max_query_tokens",
+    ),
+    Patch(
         name=cli.PATCH_VALIDATE,
         kind="feature",
         targets=(
@@ -217,5 +251,23 @@ PATCHES: tuple[Patch, ...] = (
         future="Keep (plugin feature).",
         when_probe_false=PatchState.NOT_APPLICABLE,
         probe_false_reason="VLLM_DFLASH_TRACE is not set",
+    ),
+    Patch(
+        name=profile.PATCH,
+        kind="feature",
+        targets=(
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model",
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+        ),
+        summary="VLLM_DFLASH_PROFILE=file.json: mean time per section of a DFlash step (GPU).",
+        why="Find where a DFlash step spends its time (target, context K/V, draft, sampling).",
+        upstream="none, vllm-dflash feature",
+        versions=V020,
+        platforms=("cuda",),
+        probe=profile.probe,
+        apply=profile.apply,
+        future="Keep (plugin feature).",
+        when_probe_false=PatchState.NOT_APPLICABLE,
+        probe_false_reason="VLLM_DFLASH_PROFILE is not set",
     ),
 )

@@ -21,7 +21,7 @@ from packaging.specifiers import SpecifierSet
 
 from vllm_dflash import envs
 from vllm_dflash.compat import (
-    SUPPORTED_VLLM,
+    VERIFIED_VLLM,
     is_supported_vllm,
     platform_name,
     vllm_version,
@@ -125,8 +125,9 @@ def apply_all(raise_on_error: bool = True) -> dict[str, PatchResult]:
             return dict(_results)
         if not is_supported_vllm():
             logger.warning(
-                "vllm-dflash supports vLLM %s; found %s: no patch applied.",
-                SUPPORTED_VLLM,
+                "vllm-dflash is verified on vLLM %s (ci/matrix.toml); found %s: "
+                "no patch applied (DFlash runs as stock vLLM would run it).",
+                ", ".join(VERIFIED_VLLM),
                 vllm_version_str(),
             )
             for p in PATCHES:

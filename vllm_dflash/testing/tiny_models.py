@@ -41,6 +41,9 @@ class TargetSpec:
     intermediate_size: int = 256
     seed: int = 0
     init_std: float = 0.08
+    # MLP weights' std when it differs from init_std (MLPs act per token: large
+    # ones make consecutive layers' features differ without mixing context).
+    mlp_std: float | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,12 @@ def _qwen3_config(spec: TargetSpec) -> dict:
     }
 
 
-def _init_(tensors: dict[str, torch.Tensor], seed: int, std: float) -> None:
+def _init_(
+    tensors: dict[str, torch.Tensor],
+    seed: int,
+    std: float,
+    mlp_std: float | None = None,
+) -> None:
     g = torch.Generator().manual_seed(seed)
     for name in sorted(tensors):
         t = tensors[name]
@@ -144,7 +152,8 @@ def _init_(tensors: dict[str, torch.Tensor], seed: int, std: float) -> None:
             # Norm weights around 1 so that they matter but stay well conditioned.
             t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
         else:
-            t.copy_(std * torch.randn(t.shape, generator=g))
+            s = mlp_std if (mlp_std is not None and ".mlp." in name) else std
+            t.copy_(s * torch.randn(t.shape, generator=g))
 
 
 def build_target(out: Path, spec: TargetSpec = TARGET) -> Path:
@@ -155,7 +164,7 @@ def build_target(out: Path, spec: TargetSpec = TARGET) -> Path:
     cfg = _qwen3_config(spec)
     model = Qwen3ForCausalLM(Qwen3Config(**cfg))
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    _init_(state, spec.seed, spec.init_std)
+    _init_(state, spec.seed, spec.init_std, spec.mlp_std)
     # Embeddings larger than the rest so the residual stream carries the tokens.
     g = torch.Generator().manual_seed(spec.seed + 1000)
     state["model.embed_tokens.weight"] = torch.randn(

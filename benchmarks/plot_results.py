@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PNG plots of the JSON results kept under benchmarks/results/ (needs matplotlib).
+
+    python benchmarks/plot_results.py benchmarks/results/h200x2-2026-11-29
+
+Writes next to the inputs: perf.png (tokens/s vs concurrency, every run as a
+point, mean as a line), swa_context.png (draft milliseconds per step vs context
+length) and step_profile.png (where a DFlash step's time goes), for whichever
+of perf.jsonl / swa_context.jsonl exist there; and acceptance.png for a CPU
+acceptance benchmark (acceptance.json).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def plot_perf(rows: list[dict], out: Path) -> None:
+    series: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("tag") == "profile":
+            continue
+        series[f"{r['mode']} TP={r.get('tp', 1)}"][r["conc"]].append(r["tok_s"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, by_conc in sorted(series.items()):
+        xs = sorted(by_conc)
+        means = [sum(by_conc[c]) / len(by_conc[c]) for c in xs]
+        (line,) = ax.plot(xs, means, marker="o", label=name)
+        for c in xs:
+            ax.scatter([c] * len(by_conc[c]), by_conc[c], s=10, color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Synthetic acceptance 6.35, k=15 (points: runs, line: mean)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def plot_profile(rows: list[dict], out: Path) -> None:
+    prof = [r for r in rows if r.get("profile")]
+    if not prof:
+        return
+    sections = sorted({k for r in prof for k in r["profile"]["mean_ms"]})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = [f"conc {r['conc']}" for r in prof]
+    bottom = [0.0] * len(prof)
+    for s in sections:
+        vals = [r["profile"]["mean_ms"].get(s, 0.0) for r in prof]
+        ax.bar(labels, vals, bottom=bottom, label=s)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("ms per step (device-synchronised sections)")
+    ax.set_title("One DFlash step (vllm-dflash, H200)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def plot_swa(rows: list[dict], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for variant in ("swa", "full"):
+        rs = sorted(
+            (r for r in rows if r["variant"] == variant), key=lambda r: r["context"]
+        )
+        xs = [r["context"] for r in rs]
+        ax.plot(xs, [r["sections_ms"]["draft_forward"] for r in rs], marker="o",
+                label=f"{variant}: draft forward")  # fmt: skip
+        ax.plot(xs, [r["sections_ms"]["context_kv"] for r in rs], marker="s",
+                linestyle="--", label=f"{variant}: context K/V")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("ms per drafting step")
+    ax.set_title("Qwen3.6-27B-DFlash-shaped drafter (4 sliding + 1 full)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def plot_acceptance(data: dict, out: Path) -> None:
+    runs = data["runs"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(runs)
+    ax.bar(names, [runs[n]["acceptance_length"] or 0 for n in names])
+    ax.set_ylabel("mean acceptance length")
+    ax.set_title("Trained tiny drafter, vLLM CPU backend")
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> int:
+    root = Path(sys.argv[1])
+    if (root / "perf.jsonl").exists():
+        rows = _jsonl(root / "perf.jsonl")
+        plot_perf(rows, root / "perf.png")
+        plot_profile(rows, root / "step_profile.png")
+    if (root / "swa_context.jsonl").exists():
+        plot_swa(_jsonl(root / "swa_context.jsonl"), root / "swa_context.png")
+    if (root / "acceptance.json").exists():
+        plot_acceptance(
+            json.loads((root / "acceptance.json").read_text()), root / "acceptance.png"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Matrix smoke for whichever vLLM runs these tests (ci/matrix.py runs it per
+version): the plugin loads, ``vllm-dflash doctor --json`` reports exactly the
+states ci/matrix.toml expects, and one DFlash run is lossless with drafts equal
+to the float64 reference (so a fix already upstream is not applied twice)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ci.matrix import expected_states, load_matrix
+from tests.helpers.equivalence import compare
+from tests.helpers.reference import Reference
+
+pytestmark = pytest.mark.cpu_e2e
+
+
+@pytest.fixture(scope="module")
+def doctor() -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_dflash.cli", "doctor", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_doctor_states_match_matrix(doctor):
+    matrix = load_matrix()
+    version = doctor["vllm"].split("+")[0]
+    assert version in matrix["versions"], (
+        f"vLLM {version} is not in ci/matrix.toml; add it with its expected states"
+    )
+    want = expected_states(matrix, version)
+    got = {p["name"]: p["state"] for p in doctor["patches"]}
+    assert set(got) == set(want), (
+        f"patches without an expected state for {version}: {set(got) ^ set(want)}"
+    )
+    wrong = {
+        name: (got[name], want[name]) for name in got if got[name] not in want[name]
+    }
+    assert not wrong, f"vLLM {version}: (doctor state, expected) = {wrong}"
+
+
+def test_dense_lossless_and_reference_equal(offline, tiny_models):
+    baseline = offline.run(None)
+    assert baseline.ok, baseline.log[-4000:]
+    run = offline.run("dense")
+    assert run.ok, run.log[-4000:]
+    assert run.data["outputs"] == baseline.data["outputs"], "DFlash changed output"
+    stats = compare(
+        Reference.load(tiny_models.target, tiny_models.dense), run.data, run.trace
+    )
+    assert stats.drafts >= 200, stats
+    assert stats.token_rate >= 0.99, stats
