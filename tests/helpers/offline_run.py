@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -42,6 +43,8 @@ def main() -> None:
             "num_speculative_tokens": args.k,
         }
     kwargs = {}
+    if args.tp > 1:
+        kwargs["tensor_parallel_size"] = args.tp
     if args.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     llm = LLM(

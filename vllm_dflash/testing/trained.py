@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from vllm_dflash.training.pipeline import (
 )
 from vllm_dflash.training.recipe import TrainConfig
 
-TRAINING_VERSION = "1"
+TRAINING_VERSION = "2"
 TRAINED_TARGET = TargetSpec(init_std=0.05, mlp_std=0.3, seed=0)
 TRAINED_DENSE = DrafterSpec(
     name="trained-dense",
@@ -74,6 +75,9 @@ class TrainedModels:
     def report(self, which: str) -> dict:
         return json.loads((getattr(self, which) / "training.json").read_text())
 
+    def build_times(self) -> dict:
+        return json.loads((self.root / "build.json").read_text())
+
 
 def ensure_trained_models(cache_dir: Path | None = None, log=print) -> TrainedModels:
     """Build the target and train both drafters once; return their paths."""
@@ -95,13 +99,23 @@ def ensure_trained_models(cache_dir: Path | None = None, log=print) -> TrainedMo
     build_target(models.target, TRAINED_TARGET)
     assert TRAINED_DENSE.target_layer_ids == TRAINED_SWA.target_layer_ids
     corpora = None  # generated once, shared (same target layers)
+    t0 = time.monotonic()
+    timings = {}
     for spec, out in ((TRAINED_DENSE, models.dense), (TRAINED_SWA, models.swa)):
-        log(f"training {spec.name} ...")
         cfg = drafter_config(spec, TRAINED_TARGET)
         assert cfg["dflash_config"]["mask_token_id"] == MASK_ID
         if corpora is None:
+            log("generating the training corpus (target greedy continuations) ...")
             corpora = build_corpora(load_target(models.target), cfg, DATA)
-        train_drafter(models.target, out, cfg, TRAIN, DATA, log=log, corpora=corpora)
+            timings["corpus_s"] = round(time.monotonic() - t0, 1)
+        log(f"training {spec.name} ...")
+        report = train_drafter(
+            models.target, out, cfg, TRAIN, DATA, log=log, corpora=corpora
+        )
+        timings[f"{spec.name}_s"] = report["seconds"]
+    timings["total_s"] = round(time.monotonic() - t0, 1)
+    timings["threads"] = torch.get_num_threads()
+    (root / "build.json").write_text(json.dumps(timings, indent=1))
     (root / ".complete").write_text("ok\n")
     return models
 

@@ -133,7 +133,7 @@ def train_drafter(
     block = int(drafter_cfg["block_size"])
     corpus, held_out = corpora or build_corpora(target, drafter_cfg, data_cfg)
     t_data = time.monotonic() - t0
-    log(f"corpus: {tuple(corpus.tokens.shape)} tokens in {t_data:.1f}s")
+    log(f"corpus: {tuple(corpus.tokens.shape)} tokens ({t_data:.1f}s)")
     model = TrainableDrafter(
         drafter_cfg,
         target.get_input_embeddings().weight.detach().float(),
