@@ -5,7 +5,8 @@
 
 Writes next to the inputs: perf.png (tokens/s vs concurrency, every run as a
 point, mean as a line), swa_context.png (draft milliseconds per step vs context
-length) and step_profile.png (where a DFlash step's time goes), for whichever
+length) and step_profile.png (where a DFlash step's time goes), plus
+perf_summary.json (median/mean per mode and plugin/stock ratios), for whichever
 of perf.jsonl / swa_context.jsonl exist there; and acceptance.png for a CPU
 acceptance benchmark (acceptance.json).
 """
@@ -69,22 +70,47 @@ def plot_profile(rows: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+def summarise_perf(rows: list[dict]) -> dict:
+    """Per concurrency: median/mean tokens/s per mode and plugin/stock ratios."""
+    from statistics import mean, median
+
+    by: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("tag") != "profile" and r.get("tp", 1) == 1:
+            by[r["conc"]][r["mode"]].append(r["tok_s"])
+    out = {}
+    for conc, modes in sorted(by.items()):
+        row = {m: {"runs": len(v), "median": median(v), "mean": round(mean(v), 1),
+                   "min": min(v), "max": max(v)} for m, v in sorted(modes.items())}  # fmt: skip
+        if "stock" in modes and "plugin" in modes:
+            row["plugin_over_stock_median"] = round(
+                row["plugin"]["median"] / row["stock"]["median"], 4
+            )
+            row["plugin_over_stock_mean"] = round(
+                row["plugin"]["mean"] / row["stock"]["mean"], 4
+            )
+        out[str(conc)] = row
+    return out
+
+
 def plot_swa(rows: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
-    for variant in ("swa", "full"):
+    for variant, batch in sorted({(r["variant"], r.get("batch", 1)) for r in rows}):
         rs = sorted(
-            (r for r in rows if r["variant"] == variant), key=lambda r: r["context"]
+            (r for r in rows if r["variant"] == variant and r.get("batch", 1) == batch),
+            key=lambda r: r["context"],
         )
         xs = [r["context"] for r in rs]
+        label = f"{variant}, {batch} req"
         ax.plot(xs, [r["sections_ms"]["draft_forward"] for r in rs], marker="o",
-                label=f"{variant}: draft forward")  # fmt: skip
+                label=f"{label}: draft forward")  # fmt: skip
         ax.plot(xs, [r["sections_ms"]["context_kv"] for r in rs], marker="s",
-                linestyle="--", label=f"{variant}: context K/V")  # fmt: skip
+                linestyle="--", label=f"{label}: context K/V")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms per drafting step")
     ax.set_title("Qwen3.6-27B-DFlash-shaped drafter (4 sliding + 1 full)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -112,6 +138,8 @@ def main() -> int:
         rows = _jsonl(root / "perf.jsonl")
         plot_perf(rows, root / "perf.png")
         plot_profile(rows, root / "step_profile.png")
+        summary = json.dumps(summarise_perf(rows), indent=1)
+        (root / "perf_summary.json").write_text(summary + "\n")
     if (root / "swa_context.jsonl").exists():
         plot_swa(_jsonl(root / "swa_context.jsonl"), root / "swa_context.png")
     if (root / "acceptance.json").exists():

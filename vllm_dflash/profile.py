@@ -15,6 +15,8 @@ Sections per engine step (worker rank 0):
   draft_fc           combine_hidden_states (fc over the target features)
   draft_sample       drafter logits + argmax
   draft_forward      the rest of propose: the drafter forward (+ glue)
+It also counts the CUDA-graph dispatch decisions of the target and the drafter
+(``mode:padded_tokens``), to tell a graph replay from an eager or piecewise step.
 The file is rewritten after every step (mean milliseconds per section); a
 reader that deletes it starts a new measurement window (totals reset).
 """
@@ -48,11 +50,15 @@ class StepProfile:
     def _reset(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
+        self.dispatch: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.steps = 0
         self.reqs = 0
 
     def add(self, name: str, seconds: float) -> None:
         self.step[name] += seconds
+
+    def add_dispatch(self, who: str, key: str) -> None:
+        self.dispatch[who][key] += 1
 
     def end_step(self, num_reqs: int) -> None:
         step, self.step = self.step, defaultdict(float)
@@ -85,6 +91,7 @@ class StepProfile:
             "mean_batch": round(self.reqs / max(self.steps, 1), 2),
             "mean_ms": ms,
             "step_ms": round(sum(ms.values()), 4),
+            "cudagraph_dispatch": {k: dict(v) for k, v in self.dispatch.items()},
         }
         tmp = self.path + ".tmp"
         with open(tmp, "w") as fh:
@@ -105,6 +112,15 @@ def _timed(fn, prof: StepProfile, name: str):
     return wrapper
 
 
+def _counted(dispatch, prof: StepProfile, who: str):
+    def wrapper(*args, **kwargs):
+        mode, desc = dispatch(*args, **kwargs)
+        prof.add_dispatch(who, f"{mode.name}:{desc.num_tokens}")
+        return mode, desc
+
+    return wrapper
+
+
 def probe() -> bool:
     return envs.profile_path() is not None
 
@@ -121,9 +137,18 @@ def apply() -> None:
         tp = parallel_state._TP
         return torch.cuda.is_available() and (tp is None or tp.rank_in_group == 0)
 
-    def instrument(drafter) -> None:
-        if drafter is None or getattr(drafter, _WRAPPED, False):
+    def instrument(runner) -> None:
+        if getattr(runner, _WRAPPED, False):
             return
+        setattr(runner, _WRAPPED, True)
+        disp = runner.cudagraph_dispatcher
+        disp.dispatch = _counted(disp.dispatch, prof, "target")
+        drafter = getattr(runner, "drafter", None)
+        if drafter is None:
+            return
+        if hasattr(drafter, "cudagraph_dispatcher"):
+            disp = drafter.cudagraph_dispatcher
+            disp.dispatch = _counted(disp.dispatch, prof, "draft")
         for name, attr in (
             ("draft_inputs", "set_inputs_first_pass"),
             ("draft_metadata", "build_per_group_and_layer_attn_metadata"),
@@ -138,12 +163,11 @@ def apply() -> None:
         ):
             if hasattr(model, attr):
                 setattr(model, attr, _timed(getattr(model, attr), prof, name))
-        setattr(drafter, _WRAPPED, True)
 
     def execute_model(self, *args, **kwargs):
         if not rank0():
             return stock_execute(self, *args, **kwargs)
-        instrument(getattr(self, "drafter", None))
+        instrument(self)
         return _timed(stock_execute, prof, "target_forward")(self, *args, **kwargs)
 
     def sample_tokens(self, *args, **kwargs):

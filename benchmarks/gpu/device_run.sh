@@ -2,7 +2,7 @@
 # Entry point for a lent GPU machine (the `run` tool): unpack the carried vLLM
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
-# Stages: check (gpu_check.py; RUNS=subset), perf (perf_synthetic.py; PERF_MODES,
+# Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_REPEATS), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS).
 set -uo pipefail
@@ -14,7 +14,7 @@ say() { echo "[device $(( $(date +%s) - T0 ))s] $*" | tee -a "$W/device.log"; }
 finish() {
   cp "$W/device.log" "$OUT/" 2>/dev/null
   cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$W/swa.jsonl" "$OUT/" 2>/dev/null
-  tar -C "$W" -cJf "$OUT/logs.tar.xz" --exclude='*.trace.jsonl' . 2>/dev/null
+  tar -C "$W" -cJf "$OUT/logs.tar.xz" . 2>/dev/null  # traces too: re-analysable on a CPU
 }
 trap finish EXIT
 if [ ! -d /root/site/vllm ]; then
@@ -36,7 +36,10 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
   [[ $1 == *:* ]] && arg=${1#*:}
   local gpu=${CUDA_VISIBLE_DEVICES:-all}
   case $stage in
-    check) python3 benchmarks/gpu/gpu_check.py --out "$W/check" --budget "${BUDGET:-500}" --runs "${RUNS:-}" 2>&1 | tail -40 ;;
+    check)
+      timeout "${CHECK_TIMEOUT:-560}" python3 benchmarks/gpu/gpu_check.py --out "$W/check" --budget "${BUDGET:-500}" \
+        --runs "${RUNS:-}" --jobs "${JOBS:-8}" > "$W/check.log" 2>&1
+      say "check rc=$?"; grep '^\[gpu_check\]' "$W/check.log" | cut -c1-260 ;;
     perf)
       for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
@@ -55,19 +58,21 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       say "profile rc=$?"; grep RESULT "$W/profile.log" | cut -c1-600 ;;
     swa)
       for v in ${arg:-swa full}; do
-        timeout 300 python3 benchmarks/gpu/swa_context.py "$v" "$W/swa.jsonl" \
-          --contexts "${SWA_CONTEXTS:-1024,8192,32768}" --root "/root/q36-$v" \
+        timeout 300 nice -n 10 python3 benchmarks/gpu/swa_context.py "$v" "$W/swa.jsonl" \
+          --contexts "${SWA_CONTEXTS:-1024,8192,32768,65536,1024x4,32768x4}" --root "/root/q36-$v" \
           > "$W/swa-$v.log" 2>&1
         say "swa $v rc=$?"; grep RESULT "$W/swa-$v.log" | cut -c1-400
       done ;;
     *) say "unknown stage $1" ;;
   esac
 }
-# STAGE@N runs in the background on GPU N (two stages on two GPUs at once);
-# plain stages run in order in the foreground.
+# STAGE@N runs in the background on GPU N (two stages on two GPUs at once), and
+# STAGE+STAGE@N runs those in order there; plain stages run in the foreground.
 for stage in "$@"; do
   if [[ $stage == *@* ]]; then
-    ( export CUDA_VISIBLE_DEVICES=${stage##*@}; run_stage "${stage%@*}" ) &
+    ( export CUDA_VISIBLE_DEVICES=${stage##*@}
+      IFS=+ read -ra seq <<< "${stage%@*}"
+      for s in "${seq[@]}"; do run_stage "$s"; done ) &
   else
     run_stage "$stage"
   fi

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Are lossless-check divergences bf16 near-ties? (runs on the CPU)
 
-    python benchmarks/gpu/near_ties.py CHECK_DIR BASE_RUN SPEC_RUN [--gpu-fixtures]
+    python benchmarks/gpu/near_ties.py CHECK_DIR BASE_RUN SPEC_RUN
 
 For every sequence where the speculative run's greedy output differs from the
 non-speculative run (run JSONs written by gpu_check.py), take the first
@@ -9,6 +9,8 @@ differing position and score both candidate tokens with the float64 target:
 the gap between them, relative to the target's logit range there. A gap far
 below bf16 resolution (~0.4% of the range) means either token is a valid
 greedy choice for a bf16 model: a near-tie flip, not a speculative-decoding error.
+gpu_check.py makes the same analysis for every run (``divergences``); this
+re-runs it for one pair of saved runs.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main() -> int:
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
+    from benchmarks.gpu.gpu_check import divergences
     from vllm_dflash.testing.tiny_models import ensure_gpu_tiny_models
 
     models = ensure_gpu_tiny_models(args.models)
@@ -43,28 +46,7 @@ def main() -> int:
     ).eval()
     base = json.loads((args.check_dir / f"{args.base}.json").read_text())
     spec = json.loads((args.check_dir / f"{args.spec}.json").read_text())
-    rows = []
-    for bs, b in base["batches"].items():
-        s = spec["batches"][bs]
-        for p, x, y in zip(b["prompts"], b["outputs"], s["outputs"], strict=True):
-            if x == y:
-                continue
-            i = next(j for j, (u, v) in enumerate(zip(x, y, strict=True)) if u != v)
-            with torch.no_grad():
-                logits = target(torch.tensor([p + x[:i]])).logits[0, -1]
-            gap = float(logits[x[i]] - logits[y[i]])
-            rng = float(logits.max() - logits.min())
-            rows.append(
-                {
-                    "batch": bs,
-                    "position": i,
-                    "base_token": x[i],
-                    "spec_token": y[i],
-                    "float64_argmax": int(logits.argmax()),
-                    "gap": round(gap, 6),
-                    "gap_rel_range": round(abs(gap) / rng, 6),
-                }
-            )
+    rows = divergences(target, base, spec)
     print(
         json.dumps(
             {"base": args.base, "spec": args.spec, "divergences": rows}, indent=1

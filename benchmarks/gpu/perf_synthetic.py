@@ -9,7 +9,9 @@ shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
 target, a drafter shaped like z-lab/Qwen3-8B-DFlash-b16 (5 layers, target ids
 [1,9,17,25,33], block 16), bf16, CUDA graphs, 512-token prompts, 1024 output
 tokens, greedy, k=15, rejection_sample_method synthetic, acceptance length 6.35.
-One engine per process; all concurrencies run on it.
+One engine per process; all concurrencies run on it. Per concurrency, one untimed
+warm-up batch of the same size (first-use kernels, graph sizes), then ``--repeats``
+timed batches (one JSON record each, ``rep`` 0..N-1).
 """
 
 import argparse
@@ -48,6 +50,9 @@ def main() -> None:
     ap.add_argument("--root", default="/root/p8b")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--tag", default="", help="label stored with each record")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="timed batches per concurrency"
+    )
     ap.add_argument(
         "--profile", default=None,
         help="VLLM_DFLASH_PROFILE file: per-section step times (adds device syncs)",
@@ -95,31 +100,39 @@ def main() -> None:
     sp = SamplingParams(
         temperature=0, max_tokens=1024, ignore_eos=True, detokenize=False
     )
-    for conc in concs:
-        prompts = [
+
+    def batch(conc: int) -> list[dict]:
+        return [
             {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}
             for _ in range(conc)
         ]
-        before = counters()
-        t1 = time.time()
-        outs = llm.generate(prompts, sp, use_tqdm=False)
-        dt = time.time() - t1
-        after = counters()
-        d = {k: after[k] - before.get(k, 0) for k in after}
-        ntok = sum(len(o.outputs[0].token_ids) for o in outs)
-        drafts = d.get("vllm:spec_decode_num_drafts", 0)
-        rec = {
-            "mode": args.mode, "tp": args.tp, "tag": args.tag, "conc": conc, "init_s": round(init_s, 1), "gen_s": round(dt, 3),
-            "tok_s": round(ntok / dt, 1), "tokens": ntok,
-            "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,
-        }  # fmt: skip
+
+    for conc in concs:
+        llm.generate(batch(conc), warm, use_tqdm=False)  # same batch size, untimed
         if args.profile and os.path.exists(args.profile):
-            with open(args.profile) as fh:
-                rec["profile"] = json.load(fh)
-            os.remove(args.profile)  # next concurrency starts a fresh profile
-        print("RESULT", json.dumps(rec), flush=True)
-        with open(args.out, "a") as fh:
-            fh.write(json.dumps(rec) + "\n")
+            os.remove(args.profile)
+        for rep in range(1 if args.profile else args.repeats):
+            prompts = batch(conc)
+            before = counters()
+            t1 = time.time()
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            dt = time.time() - t1
+            after = counters()
+            d = {k: after[k] - before.get(k, 0) for k in after}
+            ntok = sum(len(o.outputs[0].token_ids) for o in outs)
+            drafts = d.get("vllm:spec_decode_num_drafts", 0)
+            rec = {
+                "mode": args.mode, "tp": args.tp, "tag": args.tag, "conc": conc, "rep": rep,
+                "init_s": round(init_s, 1), "gen_s": round(dt, 3), "tok_s": round(ntok / dt, 1), "tokens": ntok,
+                "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,
+            }  # fmt: skip
+            if args.profile and os.path.exists(args.profile):
+                with open(args.profile) as fh:
+                    rec["profile"] = json.load(fh)
+                os.remove(args.profile)  # next concurrency starts a fresh profile
+            print("RESULT", json.dumps(rec), flush=True)
+            with open(args.out, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
 
 
 if __name__ == "__main__":

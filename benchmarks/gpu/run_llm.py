@@ -1,14 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """One vLLM engine on the GPU: greedy generation for several batch sizes.
 
-Writes JSON: outputs per batch size, spec-decode counters, engine init time.
-Run one configuration per process (env vars such as VLLM_DFLASH_DISABLE and
-VLLM_DFLASH_TRACE are read when vLLM starts).
+Writes JSON: outputs per batch size, spec-decode counters, engine init time, and
+per drafter attention layer its KV-cache spec and attention window (from the
+worker, through ``collective_rpc``). Run one configuration per process (env vars
+such as VLLM_DFLASH_DISABLE and VLLM_DFLASH_TRACE are read when vLLM starts).
 """
 
 import argparse
 import json
+import os
 import time
+
+# collective_rpc with a function (the drafter KV report) pickles it by value.
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 
 def prompts(n: int, vocab: int = 500) -> list[list[int]]:
@@ -16,6 +21,28 @@ def prompts(n: int, vocab: int = 500) -> list[list[int]]:
         [4 + (i * 37 + j * 11) % vocab for j in range(8 + (i * 13) % 90)]
         for i in range(n)
     ]
+
+
+def drafter_kv_report(worker) -> dict:
+    """Per drafter attention layer: KV-cache spec class and the impl's window."""
+    runner = worker.model_runner
+    specs = {}
+    for group in runner.kv_cache_config.kv_cache_groups:
+        for name in group.layer_names:
+            specs[name] = type(group.kv_cache_spec).__name__
+    drafter = getattr(runner, "drafter", None)
+    out = {}
+    if drafter is None:
+        return out
+    for _, mod in drafter.model.named_modules():
+        if hasattr(mod, "impl") and hasattr(mod, "layer_name"):
+            win = getattr(mod.impl, "sliding_window", None)
+            out[mod.layer_name] = {
+                "kv_spec": specs.get(mod.layer_name),
+                "window": list(win) if isinstance(win, tuple) else win,
+                "impl": type(mod.impl).__name__,
+            }
+    return out
 
 
 def main() -> None:
@@ -61,6 +88,11 @@ def main() -> None:
         if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
             counters[m.name] = m.value
     result["spec_decode"] = counters
+    if args.drafter:
+        try:
+            result["kv"] = llm.collective_rpc(drafter_kv_report)[0]
+        except Exception as e:  # the report is evidence, not a reason to lose the run
+            result["kv_error"] = f"{type(e).__name__}: {e}"
     with open(args.out, "w") as fh:
         json.dump(result, fh)
 

@@ -2,7 +2,7 @@
 """Draft cost vs context length: sliding-window drafter vs the same drafter on
 full attention (dummy weights, one GPU).
 
-    python benchmarks/gpu/swa_context.py {swa|full} OUT.jsonl [--contexts 1024,8192,32768]
+    python benchmarks/gpu/swa_context.py {swa|full} OUT.jsonl [--contexts 1024,32768,65536,32768x4]
 
 Drafter shaped like z-lab/Qwen3.6-27B-DFlash: 5 layers, layer_types
 [sliding x4, full], window 2048 (public reports: spiritbuun/Qwen3.6-27B-DFlash-GGUF
@@ -11,9 +11,12 @@ hidden 5120, 32 heads / 8 KV heads of 128, intermediate 17408 (sizes inferred
 from the 3.3 GB F16 GGUF: ~1.7 B parameters). ``full`` is the same drafter with
 every layer on full attention. The target is Qwen3-shaped with 64 layers and
 hidden 5120 (so the drafter sees the right feature width) but a small MLP:
-target time is not what this measures. Per context length, one request of that
-many prompt tokens generates 64 tokens; VLLM_DFLASH_PROFILE gives the draft
-sections' mean milliseconds per step (device-synchronised).
+target time is not what this measures. Per context ``C`` (or ``CxB``: B requests
+of C tokens at once), the prompts are prefilled once (1 output token, untimed) and
+then generated again, 64 tokens each: the prefix cache holds the context (target
+and drafter KV), so the timed steps are decode steps of B requests at context C.
+VLLM_DFLASH_PROFILE gives the draft sections' mean milliseconds per drafting step
+(device-synchronised).
 """
 
 import argparse
@@ -27,7 +30,7 @@ TARGET = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
     "intermediate_size": 1024, "num_hidden_layers": 64, "num_attention_heads": 40,
     "num_key_value_heads": 8, "head_dim": 128, "vocab_size": VOCAB,
-    "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "rope_theta": 10000000,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 10000000,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu",
     "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
 }  # fmt: skip
@@ -59,21 +62,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("variant", choices=["swa", "full"])
     ap.add_argument("out")
-    ap.add_argument("--contexts", default="1024,8192,32768")
+    ap.add_argument("--contexts", default="1024,8192,32768,65536,1024x4,32768x4")
     ap.add_argument("--root", default="/root/q36")
     ap.add_argument("--k", type=int, default=15)
     args = ap.parse_args()
     prof = f"{args.root}/profile-{args.variant}.json"
     os.environ["VLLM_DFLASH_PROFILE"] = prof
     target, drafter = write_models(args.root, args.variant)
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = [
+        (int(c.split("x")[0]), int(c.split("x")[1]) if "x" in c else 1)
+        for c in args.contexts.split(",")
+    ]
     from vllm import LLM, SamplingParams
 
     t0 = time.time()
     llm = LLM(
         model=target, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-        max_model_len=max(contexts) + 256, gpu_memory_utilization=0.85, seed=0,
-        max_num_seqs=4, max_num_batched_tokens=8192,
+        max_model_len=max(c for c, _ in contexts) + 256, gpu_memory_utilization=0.85, seed=0,
+        max_num_seqs=max(b for _, b in contexts), max_num_batched_tokens=8192,
         speculative_config={"method": "dflash", "model": drafter,
                             "num_speculative_tokens": args.k},
     )  # fmt: skip
@@ -85,18 +91,22 @@ def main() -> None:
         return {"prompt_token_ids": [rng.randrange(1000, 200000) for _ in range(n)]}
 
     llm.generate([prompt(256)], sp, use_tqdm=False)  # warm-up
-    for ctx in contexts:
+    prefill = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
+    for ctx, nreq in contexts:
+        batch = [prompt(ctx) for _ in range(nreq)]
+        llm.generate(batch, prefill, use_tqdm=False)  # fills the prefix cache
         if os.path.exists(prof):
             os.remove(prof)
         t1 = time.time()
-        llm.generate([prompt(ctx)], sp, use_tqdm=False)
+        llm.generate(batch, sp, use_tqdm=False)
         dt = time.time() - t1
         with open(prof) as fh:
             p = json.load(fh)
         ms = p["mean_ms"]
         # Draft sections are means over drafting steps only (see profile.py).
         rec = {
-            "variant": args.variant, "context": ctx, "init_s": round(init_s, 1),
+            "variant": args.variant, "context": ctx, "batch": nreq, "init_s": round(init_s, 1),
+            "mean_batch": p["mean_batch"], "cudagraph_dispatch": p.get("cudagraph_dispatch"),
             "gen_s": round(dt, 3), "steps": p["steps"], "draft_steps": p["draft_steps"],
             "draft_ms": round(sum(v for k, v in ms.items()
                                   if k.startswith("draft_") or k == "context_kv"), 4),

@@ -11,7 +11,7 @@ import torch
 
 from vllm_dflash.cpu.attention import split_kv_cache
 from vllm_dflash.patches import capture
-from vllm_dflash.profile import StepProfile
+from vllm_dflash.profile import StepProfile, _counted
 
 
 def test_step_profile_means_and_reset(tmp_path):
@@ -38,6 +38,26 @@ def test_step_profile_means_and_reset(tmp_path):
     prof.add("target_forward", 0.001)
     prof.end_step(1)
     assert json.loads(path.read_text())["steps"] == 1
+
+
+def test_dispatch_counts_per_mode_and_size(tmp_path):
+    path = tmp_path / "p.json"
+    prof = StepProfile(str(path))
+    mode = SimpleNamespace(name="FULL")
+
+    def dispatch(num_tokens, **kw):
+        return mode, SimpleNamespace(num_tokens=1 << (num_tokens - 1).bit_length())
+
+    counted = _counted(dispatch, prof, "target")
+    assert counted(48)[1].num_tokens == 64  # decisions pass through unchanged
+    counted(50)
+    counted(num_tokens=3)
+    prof.end_step(1)
+    rep = json.loads(path.read_text())
+    assert rep["cudagraph_dispatch"] == {"target": {"FULL:64": 2, "FULL:4": 1}}
+    path.unlink()
+    prof.end_step(1)
+    assert json.loads(path.read_text())["cudagraph_dispatch"] == {}
 
 
 def test_split_kv_cache_both_layouts():

@@ -80,3 +80,28 @@ def test_unverified_backend_fails_at_startup_naming_one_that_works(monkeypatch):
     p = _proposer([_Group("TRITON_ATTN", ["d.0"])], sliding=())
     with pytest.raises(ValueError, match="TRITON_ATTN.*--attention-backend FLASH_ATTN"):
         p.initialize_attn_backend(None)
+
+
+@pytest.mark.parametrize(
+    "backend, sliding, ok",
+    [
+        ("FLEX_ATTENTION", (), True),  # fp32 on CUDA, full layers: verified
+        ("FLEX_ATTENTION", ("d.0",), False),  # sliding layers on it: not verified
+        ("FLASH_ATTN", ("d.0",), True),
+        ("CPU_ATTN", ("d.0",), True),
+    ],
+)
+def test_sliding_layers_need_a_backend_verified_for_windows(
+    monkeypatch, backend, sliding, ok
+):
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    monkeypatch.setattr(
+        DFlashProposer, "initialize_attn_backend", lambda self, *a, **k: None
+    )
+    p = _proposer([_Group(backend, ["d.0", "d.1"])], sliding=sliding)
+    if ok:
+        p.initialize_attn_backend(None)
+    else:
+        with pytest.raises(ValueError, match="sliding-window layers.*--dtype bfloat16"):
+            p.initialize_attn_backend(None)

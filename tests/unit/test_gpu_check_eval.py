@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The GPU check's verdicts (benchmarks/gpu/gpu_check.py ``evaluate``), on
+hand-made reports: each check passes on good data and fails on the defect it
+exists to catch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from benchmarks.gpu.gpu_check import BY_NAME, Run, evaluate, kv_window_ok
+
+FULL = {"kv_spec": "FullAttentionSpec", "window": [-1, -1]}
+SLIDING = {"kv_spec": "FullAttentionSpec", "window": [5, 0]}
+
+
+def _spec_run(rate: float, exact: float, kv: dict) -> dict:
+    return {
+        "rc": 0, "backends": ["FLASH_ATTN"], "lossless": {"1": "1/1"}, "divergences": [],
+        "drafts_vs_reference": {"drafts": 1964, "tokens": 13748, "exact_match_rate": exact,
+                                "match_rate_excusing_near_ties": rate},
+        "kv": copy.deepcopy(kv), "window": 6,
+    }  # fmt: skip
+
+
+def good_report() -> dict:
+    swa_kv = {"d.0": SLIDING, "d.1": SLIDING, "d.2": FULL}
+    dense_kv = {"d.0": FULL, "d.1": FULL}
+    return {
+        "runs": {
+            "base-eager": {"rc": 0, "backends": ["FLASH_ATTN"]},
+            "dense-eager": _spec_run(0.99, 0.95, dense_kv),
+            "swa-eager": _spec_run(0.996, 0.96, swa_kv),
+            "dense-eager-stock40727": _spec_run(0.11, 0.10, dense_kv),
+            "swa-eager-stock40898": _spec_run(0.03, 0.03, dense_kv),
+            "dense-eager-fp32": {**_spec_run(1.0, 0.999, dense_kv), "backends": ["FLEX_ATTENTION"]},
+            "dense-graph-tp2-noplugin": {"rc": 1, "backends": []},
+        }
+    }  # fmt: skip
+
+
+def failed(report: dict) -> set[tuple[str, str]]:
+    return {(c["check"], c["run"]) for c in evaluate(report) if not c["ok"]}
+
+
+def test_good_report_passes_every_check():
+    checks = evaluate(good_report())
+    assert not failed(good_report())
+    kinds = {c["check"] for c in checks}
+    assert kinds == {
+        "starts",
+        "backend",
+        "lossless",
+        "drafts",
+        "kv_window",
+        "stock_defect",
+    }
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        # A divergence far from a near-tie is a speculative-decoding error.
+        (lambda r: r["runs"]["swa-eager"]["divergences"].append({"gap_rel_range": 0.2}),
+         ("lossless", "swa-eager")),
+        # Drafts that drift from the reference.
+        (lambda r: r["runs"]["dense-eager"]["drafts_vs_reference"].update(match_rate_excusing_near_ties=0.8),
+         ("drafts", "dense-eager")),
+        # fp32 is held to exact matches, not near-tie excuses.
+        (lambda r: r["runs"]["dense-eager-fp32"]["drafts_vs_reference"].update(exact_match_rate=0.9),
+         ("drafts", "dense-eager-fp32")),
+        # Disabling the backport makes no difference: the check cannot see the defect.
+        (lambda r: r["runs"]["swa-eager-stock40898"]["drafts_vs_reference"].update(match_rate_excusing_near_ties=0.95),
+         ("stock_defect", "swa-eager-stock40898")),
+        # Sliding layers planned as SlidingWindowSpec (precomputed context KV recycled).
+        (lambda r: r["runs"]["swa-eager"]["kv"]["d.0"].update(kv_spec="SlidingWindowSpec"),
+         ("kv_window", "swa-eager")),
+        # The window silently not applied.
+        (lambda r: r["runs"]["swa-eager"]["kv"]["d.1"].update(window=[-1, -1]),
+         ("kv_window", "swa-eager")),
+        (lambda r: r["runs"]["dense-eager"].update(backends=["TRITON_ATTN"]),
+         ("backend", "dense-eager")),
+        (lambda r: r["runs"]["dense-eager"].update(rc=1), ("starts", "dense-eager")),
+        # The documented stock failure no longer happens: say so.
+        (lambda r: r["runs"]["dense-graph-tp2-noplugin"].update(rc=0),
+         ("starts", "dense-graph-tp2-noplugin")),
+        (lambda r: r["runs"]["base-eager"].update(skipped="time budget", rc=None),
+         ("starts", "base-eager")),
+    ],
+)  # fmt: skip
+def test_each_defect_fails_its_check(edit, expect):
+    report = copy.deepcopy(good_report())
+    edit(report)
+    assert failed(report) == {expect}
+
+
+def test_runs_pair_with_their_base_and_counterpart():
+    assert BY_NAME["swa-graph-tp2"].base == "base-graph-tp2"
+    assert BY_NAME["dense-eager-fp32"].base == "base-eager-fp32"
+    assert BY_NAME["swa-eager-stock40898"].plugin_counterpart == "swa-eager"
+    assert BY_NAME["dense-graph-tp2-noplugin"].plugin_counterpart is None
+    assert kv_window_ok(Run("x", "dense"), {}, None)[0] is False  # no report: no pass
