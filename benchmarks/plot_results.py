@@ -28,6 +28,20 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+def _save_log2(
+    fig, ax, out: Path, xlabel: str, ylabel: str, title: str, legend: int
+) -> None:
+    """Log2 x axis, labels, legend, grid; write the PNG."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def plot_perf(rows: list[dict], out: Path) -> None:
     series: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
@@ -41,14 +55,8 @@ def plot_perf(rows: list[dict], out: Path) -> None:
         (line,) = ax.plot(xs, means, marker="o", label=name)
         for c in xs:
             ax.scatter([c] * len(by_conc[c]), by_conc[c], s=10, color=line.get_color())
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("Synthetic acceptance 6.35, k=15 (points: runs, line: mean)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    _save_log2(fig, ax, out, "concurrency", "output tokens/s",
+               "Synthetic acceptance 6.35, k=15 (points: runs, line: mean)", legend=8)  # fmt: skip
 
 
 def plot_profile(rows: list[dict], out: Path) -> None:
@@ -106,14 +114,8 @@ def plot_swa(rows: list[dict], out: Path) -> None:
                 label=f"{label}: draft forward")  # fmt: skip
         ax.plot(xs, [r["sections_ms"]["context_kv"] for r in rs], marker="s",
                 linestyle="--", label=f"{label}: context K/V")  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("context tokens")
-    ax.set_ylabel("ms per drafting step")
-    ax.set_title("Qwen3.6-27B-DFlash-shaped drafter (4 sliding + 1 full)")
-    ax.legend(fontsize=6)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    _save_log2(fig, ax, out, "context tokens", "ms per drafting step",
+               "Qwen3.6-27B-DFlash-shaped drafter (4 sliding + 1 full)", legend=6)  # fmt: skip
 
 
 def plot_acceptance(data: dict, out: Path) -> None:
