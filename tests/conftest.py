@@ -108,7 +108,14 @@ class OfflineRunner:
         env = {
             **os.environ,
             "VLLM_DFLASH_TRACE": str(trace),
-            "VLLM_DFLASH_DISABLE": ",".join(disable),
+            # A test's own list, plus any from the caller's environment (to watch
+            # the equivalence tests go red with a backport disabled).
+            "VLLM_DFLASH_DISABLE": ",".join(
+                [
+                    *disable,
+                    *filter(None, os.environ.get("VLLM_DFLASH_DISABLE", "").split(",")),
+                ]
+            ),
         }
         if tp > 1:
             cmd += ["--tp", str(tp)]
