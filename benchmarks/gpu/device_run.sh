@@ -3,8 +3,9 @@
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), perf (perf_synthetic.py; PERF_MODES,
-# PERF_CONC, PERF_TP, PERF_REPEATS), profile (plugin step profile at PERF_CONC),
-# swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS).
+# PERF_CONC, PERF_TP, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
+# swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), trace (step_trace.py:
+# profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary).
 set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,7 +15,11 @@ say() { echo "[device $(( $(date +%s) - T0 ))s] $*" | tee -a "$W/device.log"; }
 finish() {
   cp "$W/device.log" "$OUT/" 2>/dev/null
   cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$W/swa.jsonl" "$OUT/" 2>/dev/null
-  tar -C "$W" -cJf "$OUT/logs.tar.xz" . 2>/dev/null  # traces too: re-analysable on a CPU
+  cp "$W"/trace/summary-*.json "$OUT/" 2>/dev/null
+  # the plugin's profiler trace (re-analysable here: step_trace.py --analyse), if it fits
+  local t; t=$(ls "$W"/trace/trace-plugin/*.json.gz 2>/dev/null | head -1)
+  [ -n "$t" ] && [ "$(stat -c %s "$t")" -lt 15000000 ] && cp "$t" "$OUT/profiler-trace.json.gz"
+  tar -C "$W" --exclude='*.pt.trace.json*' -cJf "$OUT/logs.tar.xz" . 2>/dev/null  # dflash traces too
 }
 trap finish EXIT
 if [ ! -d /root/site/vllm ]; then
@@ -45,7 +50,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
           local log="$W/perf-$mode-tp${PERF_TP:-1}-rep$rep-gpu$gpu.log"
           timeout 300 python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
-            --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" \
+            --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" --repeats "${PERF_BATCHES:-3}" \
             --root "/root/p8b-$mode-$gpu" > "$log" 2>&1
           say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
           grep RESULT "$log" | cut -c1-220
@@ -62,6 +67,12 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           --contexts "${SWA_CONTEXTS:-1024,8192,32768,65536,1024x4,32768x4}" --root "/root/q36-$v" \
           > "$W/swa-$v.log" 2>&1
         say "swa $v rc=$?"; grep RESULT "$W/swa-$v.log" | cut -c1-400
+      done ;;
+    trace)
+      for m in ${arg:-base plugin}; do
+        timeout 300 python3 benchmarks/gpu/step_trace.py "$m" "$W/trace" --conc "${TRACE_CONC:-1}" \
+          --root "/root/p8b-trace-$m" > "$W/trace-$m.log" 2>&1
+        say "trace $m rc=$?"; grep RESULT "$W/trace-$m.log" | cut -c1-1500
       done ;;
     *) say "unknown stage $1" ;;
   esac

@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/gpu/step_trace.py: per-step GPU accounting of a profiler trace."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_PATH = pathlib.Path(__file__).parents[2] / "benchmarks" / "gpu" / "step_trace.py"
+_spec = importlib.util.spec_from_file_location("step_trace", _PATH)
+step_trace = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_trace)
+
+
+def _trace(draft_graph: bool) -> list[dict]:
+    """Two steps of 1000 us; forward 600 us, then a 50 us host gap, draft 300 us."""
+    ev, corr = [], 0
+
+    def phase(name, ts, dur):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"gpu_model_runner: {name}",
+                   "ts": ts, "dur": dur, "tid": 1})  # fmt: skip
+
+    def kernel(name, launch_ts, ts, dur, api="cudaLaunchKernel"):
+        nonlocal corr
+        corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": api, "ts": launch_ts,
+                   "dur": 2, "tid": 1, "args": {"correlation": corr}})  # fmt: skip
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+                   "tid": 7, "args": {"correlation": corr}})  # fmt: skip
+
+    for step in range(3):
+        base = step * 1000
+        phase("forward", base, 100)
+        kernel("nvjet_gemm", base + 10, base + 20, 600, "cudaGraphLaunch")
+        phase("draft", base + 120, 500)
+        api = "cudaGraphLaunch" if draft_graph else "cudaLaunchKernel"
+        kernel("flash_fwd_kernel", base + 130, base + 670, 100, api)
+        kernel("nvjet_gemm_small", base + 140, base + 770, 200, api)
+    return ev
+
+
+def test_steps_idle_phases_and_graph_share():
+    res = step_trace.analyse(_trace(draft_graph=False))
+    assert res["steps"] == 2  # the third step has no successor to close it
+    med = res["median"]
+    assert med["step_ms"] == pytest.approx(1.0)
+    assert med["busy_ms"] == pytest.approx(0.9)
+    assert med["idle_ms"] == pytest.approx(0.1)
+    assert med["phase_ms"] == {
+        "draft": pytest.approx(0.3),
+        "forward": pytest.approx(0.6),
+    }
+    assert med["draft_kinds_ms"] == {"attention": 0.1, "gemm": 0.2}
+    assert med["draft_graph_ms"] == 0.0
+    assert med["gaps"]["forward->draft"] == pytest.approx(0.05)
+    assert med["gaps"]["draft->next step"] == pytest.approx(0.05)
+    assert step_trace.analyse(_trace(draft_graph=True))["median"]["draft_graph_ms"] == (
+        pytest.approx(0.3)
+    )
+
+
+def test_kernel_kinds():
+    assert step_trace.kernel_kind("void flash::flash_fwd_kernel<...>") == "attention"
+    assert step_trace.kernel_kind("nvjet_tst_64x8_64x16") == "gemm"
+    assert step_trace.kernel_kind("triton_poi_fused_add_0") == "triton"
+    assert step_trace.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
