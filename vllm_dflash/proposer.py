@@ -2,14 +2,17 @@
 """DFlash proposer with per-layer attention metadata (backport of PR #40898).
 
 Full drafter layers get non-causal metadata (every block token sees the whole
-context and block); sliding layers get causal metadata built by the same
-builder, so with their window W a query at position p sees p-W+1..p. Works
-with any number of draft attention groups.
+context and block); sliding layers get causal metadata (from the same builder, or from one of
+their own where the backend's builder keeps shared buffers), so with their
+window W a query at position p sees p-W+1..p. Works with any number of draft
+attention groups.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from types import MappingProxyType
 
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
@@ -20,16 +23,22 @@ from vllm_dflash.logger import init_logger
 logger = init_logger(__name__)
 
 # Backends whose drafts were checked against the float64 reference (GPU check,
-# benchmarks/results): non-causal blocks on all three; sliding windows on
-# FLASH_ATTN and CPU_ATTN only. FLEX_ATTENTION (vLLM's choice for fp32 on CUDA)
-# matched the reference 99.6% exact on full layers but 89.0% with sliding layers
-# (FLASH_ATTN bf16: 96%), so a sliding drafter is not allowed on it.
+# benchmarks/results) for non-causal blocks and for sliding windows.
 CAPABLE_BACKENDS = ("FLASH_ATTN", "FLEX_ATTENTION", "CPU_ATTN")
-SLIDING_CAPABLE_BACKENDS = ("FLASH_ATTN", "CPU_ATTN")
+SLIDING_CAPABLE_BACKENDS = ("FLASH_ATTN", "FLEX_ATTENTION", "CPU_ATTN")
+# Backends whose metadata builder keeps per-builder buffers that every metadata
+# object it builds points into. FLEX_ATTENTION's block masks view the builder's
+# persistent kv_indices / kv_num_blocks, and a sliding layer rebuilds its mask
+# (window-pruned) at forward time, so a full layer sharing that builder would
+# attend only to the window's blocks (drafts 89.0% = reference on the H200 in
+# fp32, where vLLM picks FLEX_ATTENTION). Sliding layers get a builder of their own.
+OWN_SLIDING_BUILDER_BACKENDS = ("FLEX_ATTENTION",)
 
 
 class DFlashSWAProposer(DFlashProposer):
     sliding_attn_layer_names: frozenset[str] = frozenset()
+    # draft_attn_groups index -> metadata builder used for that group's sliding layers
+    sliding_builders: Mapping[int, object] = MappingProxyType({})
 
     def load_model(self, target_model) -> None:
         super().load_model(target_model)
@@ -51,6 +60,20 @@ class DFlashSWAProposer(DFlashProposer):
                     f"(verified: {', '.join(allowed)}); start vLLM with --dtype bfloat16 "
                     "--attention-backend FLASH_ATTN (GPU) or use the CPU backend."
                 )
+        self.sliding_builders = self.make_sliding_builders()
+
+    def make_sliding_builders(self) -> dict[int, object]:
+        """A separate metadata builder for the sliding layers of each group whose
+        backend keeps per-builder buffers (OWN_SLIDING_BUILDER_BACKENDS)."""
+        builders: dict[int, object] = {}
+        for i, group in enumerate(self.draft_attn_groups):
+            names = [n for n in group.layer_names if n in self.sliding_attn_layer_names]
+            if names and group.backend.get_name() in OWN_SLIDING_BUILDER_BACKENDS:
+                base = group.get_metadata_builder()
+                builders[i] = group.backend.get_builder_cls()(
+                    base.kv_cache_spec, names, self.vllm_config, self.device
+                )
+        return builders
 
     def build_per_group_and_layer_attn_metadata(
         self, cad: CommonAttentionMetadata, draft_index: int = 0
@@ -62,13 +85,14 @@ class DFlashSWAProposer(DFlashProposer):
         )
         if self.sliding_attn_layer_names:
             causal_cad = replace(cad, causal=True)
-            for group in self.draft_attn_groups:
+            for i, group in enumerate(self.draft_attn_groups):
                 names = [
                     n for n in group.layer_names if n in self.sliding_attn_layer_names
                 ]
                 if not names:
                     continue
-                md = group.get_metadata_builder().build_for_drafting(
+                builder = self.sliding_builders.get(i) or group.get_metadata_builder()
+                md = builder.build_for_drafting(
                     common_attn_metadata=causal_cad, draft_index=draft_index
                 )
                 for n in names:

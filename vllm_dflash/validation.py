@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from vllm_dflash.model.layer_types import (
-    SLIDING,
     DrafterConfigError,
     resolve_layer_types,
 )
@@ -144,38 +143,16 @@ def validate_dflash(
         )
 
 
-def validate_dtype_for_windows(drafter_cfg: Any, dtype: Any, is_cuda: bool) -> None:
-    """fp32 on CUDA runs attention on FLEX_ATTENTION, which the GPU check did not
-    verify for sliding-window drafter layers (see proposer.SLIDING_CAPABLE_BACKENDS)."""
-    import torch
-
-    layer_types, window = resolve_layer_types(drafter_cfg)
-    if is_cuda and dtype == torch.float32 and SLIDING in layer_types:
-        raise DrafterConfigError(
-            f"dtype=float32 with a DFlash drafter that has sliding-window layers "
-            f"(window {window}): on CUDA vLLM runs fp32 attention on FLEX_ATTENTION, which "
-            "vllm-dflash has not verified for sliding windows; use --dtype bfloat16 or "
-            "float16 (FLASH_ATTN)."
-        )
-
-
 def validate_vllm_config(vllm_config: Any) -> None:
     spec = vllm_config.speculative_config
     if spec is None or spec.method != "dflash" or spec.draft_model_config is None:
         return
-    from vllm.platforms import current_platform
-
     target_cfg = vllm_config.model_config.hf_text_config
     validate_dflash(
         spec.draft_model_config.hf_config,
         target_cfg,
         spec.num_speculative_tokens,
         spec.draft_model_config.model,
-    )
-    validate_dtype_for_windows(
-        spec.draft_model_config.hf_config,
-        vllm_config.model_config.dtype,
-        current_platform.is_cuda(),
     )
 
 

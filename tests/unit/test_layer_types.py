@@ -43,21 +43,3 @@ def test_mixed_with_window():
 def test_errors_name_field_and_fix(kw, match):
     with pytest.raises(DrafterConfigError, match=match):
         resolve_layer_types(cfg(**kw))
-
-
-def test_fp32_sliding_drafter_on_cuda_is_refused_before_loading():
-    import torch
-
-    from vllm_dflash.validation import validate_dtype_for_windows
-
-    swa = SimpleNamespace(
-        num_hidden_layers=2,
-        layer_types=["sliding_attention", "full_attention"],
-        sliding_window=2048,
-    )
-    dense = SimpleNamespace(num_hidden_layers=2, layer_types=None, sliding_window=None)
-    with pytest.raises(DrafterConfigError, match=r"dtype=float32 .*--dtype bfloat16"):
-        validate_dtype_for_windows(swa, torch.float32, is_cuda=True)
-    validate_dtype_for_windows(swa, torch.bfloat16, is_cuda=True)
-    validate_dtype_for_windows(swa, torch.float32, is_cuda=False)  # CPU backend: exact
-    validate_dtype_for_windows(dense, torch.float32, is_cuda=True)  # FLEX, verified

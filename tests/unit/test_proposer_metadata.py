@@ -14,6 +14,7 @@ class _Builder:
     def __init__(self, tag: str) -> None:
         self.tag = tag
         self.calls: list[bool] = []
+        self.kv_cache_spec = "spec"
 
     def build_for_drafting(self, common_attn_metadata, draft_index=0):
         self.calls.append(common_attn_metadata.causal)
@@ -22,7 +23,12 @@ class _Builder:
 
 class _Group:
     def __init__(self, backend: str, layers: list[str]) -> None:
-        self.backend = SimpleNamespace(get_name=lambda: backend)
+        self.backend = SimpleNamespace(
+            get_name=lambda: backend,
+            get_builder_cls=lambda: (
+                lambda spec, names, cfg, dev: _Builder("own:" + ",".join(names))
+            ),
+        )
         self.layer_names = layers
         self.builder = _Builder(backend + ":" + ",".join(layers))
 
@@ -34,6 +40,7 @@ def _proposer(groups, sliding) -> DFlashSWAProposer:
     p = object.__new__(DFlashSWAProposer)
     p.draft_attn_groups = groups
     p.sliding_attn_layer_names = frozenset(sliding)
+    p.vllm_config, p.device = None, None
     return p
 
 
@@ -85,10 +92,11 @@ def test_unverified_backend_fails_at_startup_naming_one_that_works(monkeypatch):
 @pytest.mark.parametrize(
     "backend, sliding, ok",
     [
-        ("FLEX_ATTENTION", (), True),  # fp32 on CUDA, full layers: verified
-        ("FLEX_ATTENTION", ("d.0",), False),  # sliding layers on it: not verified
+        ("FLEX_ATTENTION", (), True),  # fp32 on CUDA
+        ("FLEX_ATTENTION", ("d.0",), True),  # with a builder of their own (below)
         ("FLASH_ATTN", ("d.0",), True),
         ("CPU_ATTN", ("d.0",), True),
+        ("TRITON_ATTN", ("d.0",), False),
     ],
 )
 def test_sliding_layers_need_a_backend_verified_for_windows(
@@ -103,5 +111,26 @@ def test_sliding_layers_need_a_backend_verified_for_windows(
     if ok:
         p.initialize_attn_backend(None)
     else:
-        with pytest.raises(ValueError, match="sliding-window layers.*--dtype bfloat16"):
+        with pytest.raises(ValueError, match="sliding-window layers.*FLASH_ATTN"):
             p.initialize_attn_backend(None)
+
+
+@pytest.mark.parametrize(
+    "backend, own", [("FLEX_ATTENTION", True), ("FLASH_ATTN", False)]
+)
+def test_flex_sliding_layers_get_a_builder_of_their_own(monkeypatch, backend, own):
+    """FLEX_ATTENTION block masks point into their builder's buffers: a sliding
+    layer's (window-pruned) mask must not share them with the full layers'."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    monkeypatch.setattr(
+        DFlashProposer, "initialize_attn_backend", lambda self, *a, **k: None
+    )
+    g = _Group(backend, ["d.0", "d.1", "d.2"])
+    p = _proposer([g], sliding={"d.0", "d.1"})
+    p.initialize_attn_backend(None)
+    _, per_layer = p.build_per_group_and_layer_attn_metadata(_cad())
+    tags = {n: md.tag for n, md in per_layer.items()}
+    sliding_tag = "own:d.0,d.1" if own else g.builder.tag
+    assert tags == {"d.0": sliding_tag, "d.1": sliding_tag, "d.2": g.builder.tag}
+    assert g.builder.calls == ([False] if own else [False, True])
