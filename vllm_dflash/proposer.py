@@ -23,16 +23,10 @@ from vllm_dflash.logger import init_logger
 logger = init_logger(__name__)
 
 # Backends whose drafts were checked against the float64 reference (GPU check,
-# benchmarks/results) for non-causal blocks and for sliding windows.
+# benchmarks/results; FLEX_ATTENTION with sliding layers: on CPU tensors,
+# tests/unit/test_flex_sliding.py) for non-causal blocks and sliding windows.
 CAPABLE_BACKENDS = ("FLASH_ATTN", "FLEX_ATTENTION", "CPU_ATTN")
 SLIDING_CAPABLE_BACKENDS = ("FLASH_ATTN", "FLEX_ATTENTION", "CPU_ATTN")
-# Backends whose metadata builder keeps per-builder buffers that every metadata
-# object it builds points into. FLEX_ATTENTION's block masks view the builder's
-# persistent kv_indices / kv_num_blocks, and a sliding layer rebuilds its mask
-# (window-pruned) at forward time, so a full layer sharing that builder would
-# attend only to the window's blocks (drafts 89.0% = reference on the H200 in
-# fp32, where vLLM picks FLEX_ATTENTION). Sliding layers get a builder of their own.
-OWN_SLIDING_BUILDER_BACKENDS = ("FLEX_ATTENTION",)
 
 
 class DFlashSWAProposer(DFlashProposer):
@@ -63,12 +57,18 @@ class DFlashSWAProposer(DFlashProposer):
         self.sliding_builders = self.make_sliding_builders()
 
     def make_sliding_builders(self) -> dict[int, object]:
-        """A separate metadata builder for the sliding layers of each group whose
-        backend keeps per-builder buffers (OWN_SLIDING_BUILDER_BACKENDS)."""
+        """A metadata builder of their own for each group's sliding layers.
+
+        Some builders keep buffers that every metadata object they build points
+        into: FLEX_ATTENTION's block masks view the builder's kv_indices and
+        kv_num_blocks, and a sliding layer rebuilds its mask (window-pruned) at
+        forward time, so a full layer sharing the builder would attend only to
+        the window's blocks (on the H200 in fp32, where vLLM picks FLEX_ATTENTION:
+        drafts 89.0% = reference)."""
         builders: dict[int, object] = {}
         for i, group in enumerate(self.draft_attn_groups):
             names = [n for n in group.layer_names if n in self.sliding_attn_layer_names]
-            if names and group.backend.get_name() in OWN_SLIDING_BUILDER_BACKENDS:
+            if names:
                 base = group.get_metadata_builder()
                 builders[i] = group.backend.get_builder_cls()(
                     base.kv_cache_spec, names, self.vllm_config, self.device

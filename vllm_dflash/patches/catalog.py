@@ -47,8 +47,8 @@ PATCHES: tuple[Patch, ...] = (
         ),
         summary=(
             "Drafter layer_types: sliding layers use window W with causal metadata and "
-            "full-size KV (own metadata builder on FLEX_ATTENTION); full layers stay "
-            "non-causal; fc input cast to fc dtype."
+            "full-size KV (own metadata builder); full layers stay non-causal; fc "
+            "input cast to fc dtype."
         ),
         why="Qwen3.5/3.6 DFlash drafters have sliding layers; 0.20.x ignores the window.",
         upstream="vllm-project/vllm#40898 (closed unmerged; V2-runner version in #47914)",
