@@ -41,6 +41,32 @@ def write_models(root: str) -> None:
             json.dump(cfg, fh)
 
 
+def engine_kwargs(
+    mode: str, root: str, tau: float, max_num_seqs: int, tp: int = 1
+) -> dict:
+    """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
+    spec = None
+    if mode != "base":
+        spec = {
+            "method": "dflash", "model": f"{root}/draft", "num_speculative_tokens": 15,
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_length": tau,
+        }  # fmt: skip
+    return dict(
+        model=f"{root}/target", load_format="dummy", skip_tokenizer_init=True,
+        dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
+        speculative_config=spec, seed=0, max_num_seqs=max_num_seqs,
+        tensor_parallel_size=tp,
+    )  # fmt: skip
+
+
+def random_prompts(rng: random.Random, n: int) -> list[dict]:
+    """N token-id prompts of 512 tokens."""
+    return [
+        {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}
+        for _ in range(n)
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["base", "stock", "plugin"])
@@ -66,27 +92,17 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     concs = [int(c) for c in args.conc.split(",")]
-    spec = None
-    if args.mode != "base":
-        spec = {
-            "method": "dflash", "model": f"{args.root}/draft", "num_speculative_tokens": 15,
-            "rejection_sample_method": "synthetic", "synthetic_acceptance_length": args.tau,
-        }  # fmt: skip
     t0 = time.time()
     llm = LLM(
-        model=f"{args.root}/target", load_format="dummy", skip_tokenizer_init=True,
-        dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
-        speculative_config=spec, seed=0, max_num_seqs=max(concs), disable_log_stats=False,
-        tensor_parallel_size=args.tp,
-    )  # fmt: skip
+        **engine_kwargs(args.mode, args.root, args.tau, max(concs), args.tp),
+        disable_log_stats=False,
+    )
     init_s = time.time() - t0
     rng = random.Random(0)
     warm = SamplingParams(
         temperature=0, max_tokens=32, ignore_eos=True, detokenize=False
     )
-    llm.generate(
-        [{"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}], warm
-    )
+    llm.generate(random_prompts(rng, 1), warm)
     if args.profile and os.path.exists(args.profile):
         os.remove(args.profile)  # measure from the first timed request on
 
@@ -101,18 +117,14 @@ def main() -> None:
         temperature=0, max_tokens=1024, ignore_eos=True, detokenize=False
     )
 
-    def batch(conc: int) -> list[dict]:
-        return [
-            {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}
-            for _ in range(conc)
-        ]
-
     for conc in concs:
-        llm.generate(batch(conc), warm, use_tqdm=False)  # same batch size, untimed
+        llm.generate(
+            random_prompts(rng, conc), warm, use_tqdm=False
+        )  # same batch size, untimed
         if args.profile and os.path.exists(args.profile):
             os.remove(args.profile)
         for rep in range(1 if args.profile else args.repeats):
-            prompts = batch(conc)
+            prompts = random_prompts(rng, conc)
             before = counters()
             t1 = time.time()
             outs = llm.generate(prompts, sp, use_tqdm=False)

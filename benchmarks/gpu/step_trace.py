@@ -49,7 +49,7 @@ def kernel_kind(name: str) -> str:
         return "attention"
     if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul")):
         return "gemm"
-    if n.startswith("triton") or "triton" in n:
+    if "triton" in n:
         return "triton"
     if "memcpy" in n or "memset" in n:
         return "copy"
@@ -185,16 +185,8 @@ def run(mode: str, out_dir: str, conc: int, steps: int, root: str) -> None:
     ps.write_models(root)
     from vllm import LLM, SamplingParams
 
-    spec = None
-    if mode != "base":
-        spec = {
-            "method": "dflash", "model": f"{root}/draft", "num_speculative_tokens": 15,
-            "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 6.35,
-        }  # fmt: skip
     llm = LLM(
-        model=f"{root}/target", load_format="dummy", skip_tokenizer_init=True,
-        dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
-        speculative_config=spec, seed=0, max_num_seqs=max(conc, 4),
+        **ps.engine_kwargs(mode, root, 6.35, max(conc, 4)),
         profiler_config={
             "profiler": "torch", "torch_profiler_dir": trace_dir,
             "torch_profiler_with_stack": False, "ignore_frontend": True,
@@ -203,21 +195,17 @@ def run(mode: str, out_dir: str, conc: int, steps: int, root: str) -> None:
     )  # fmt: skip
     rng = random.Random(0)
 
-    def batch(n: int) -> list[dict]:
-        return [
-            {"prompt_token_ids": [rng.randrange(1000, 100000) for _ in range(512)]}
-            for _ in range(n)
-        ]
-
     sp = SamplingParams(
         temperature=0, max_tokens=768, ignore_eos=True, detokenize=False
     )
-    llm.generate(batch(conc), sp, use_tqdm=False)  # warm-up: shapes, graphs
+    llm.generate(
+        ps.random_prompts(rng, conc), sp, use_tqdm=False
+    )  # warm-up: shapes, graphs
     t = time.time()
-    llm.generate(batch(conc), sp, use_tqdm=False)
+    llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     untraced = time.time() - t
     llm.start_profile()
-    llm.generate(batch(conc), sp, use_tqdm=False)
+    llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     llm.stop_profile()
     time.sleep(5)
     files = sorted(glob.glob(os.path.join(trace_dir, "*.json*")), key=os.path.getsize)
