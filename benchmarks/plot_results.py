@@ -7,8 +7,9 @@ Writes next to the inputs: perf.png (tokens/s vs concurrency, every run as a
 point, mean as a line), swa_context.png (draft milliseconds per step vs context
 length) and step_profile.png (where a DFlash step's time goes), plus
 perf_summary.json (median/mean per mode and plugin/stock ratios), for whichever
-of perf.jsonl / swa_context.jsonl exist there; and acceptance.png for a CPU
-acceptance benchmark (acceptance.json).
+of perf.jsonl / swa_context.jsonl exist there; step_trace.png (median GPU time
+per runner phase and idle, one bar per step_trace-*.json summary); and
+acceptance.png for a CPU acceptance benchmark (acceptance.json).
 """
 
 from __future__ import annotations
@@ -134,6 +135,31 @@ def plot_acceptance(data: dict, out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+def plot_step_trace(summaries: dict[str, dict], out: Path) -> None:
+    """Stacked bars: median GPU ms per runner phase, plus idle, per trace summary."""
+    order = ["forward", "postprocess", "sample", "draft", "preprocess"]
+    seen = {p for s in summaries.values() for p in s["median"]["phase_ms"]}
+    phases = [p for p in order if p in seen] + sorted(seen - set(order))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    labels = list(summaries)
+    bottom = [0.0] * len(labels)
+    for phase in [*phases, "idle"]:
+        vals = [
+            s["median"]["idle_ms"] if phase == "idle"
+            else s["median"]["phase_ms"].get(phase, 0.0)
+            for s in summaries.values()
+        ]  # fmt: skip
+        ax.bar(labels, vals, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    for x, total in enumerate(bottom):
+        ax.text(x, total, f"{total:.2f} ms", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("GPU ms per engine step (median, profiler trace)")
+    ax.set_title("One engine step at concurrency 1, by runner phase")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> int:
     root = Path(sys.argv[1])
     if (root / "perf.jsonl").exists():
@@ -144,6 +170,15 @@ def main() -> int:
         (root / "perf_summary.json").write_text(summary + "\n")
     if (root / "swa_context.jsonl").exists():
         plot_swa(_jsonl(root / "swa_context.jsonl"), root / "swa_context.png")
+    traces = sorted(root.glob("step_trace-*.json"))
+    if traces:
+        plot_step_trace(
+            {
+                t.stem.removeprefix("step_trace-"): json.loads(t.read_text())
+                for t in traces
+            },
+            root / "step_trace.png",
+        )
     if (root / "acceptance.json").exists():
         plot_acceptance(
             json.loads((root / "acceptance.json").read_text()), root / "acceptance.png"

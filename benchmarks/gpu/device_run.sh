@@ -2,19 +2,22 @@
 # Entry point for a lent GPU machine (the `run` tool): unpack the carried vLLM
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
-# Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), perf (perf_synthetic.py; PERF_MODES,
+# Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), trace (step_trace.py:
 # profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary).
 set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-W=/tmp/vllm-dflash-gpu; mkdir -p "$W"
+# A warm machine keeps /tmp between calls: start from an empty work dir so only
+# this call's results come back.
+W=/tmp/vllm-dflash-gpu; rm -rf "$W"; mkdir -p "$W"
 T0=$(date +%s)
 say() { echo "[device $(( $(date +%s) - T0 ))s] $*" | tee -a "$W/device.log"; }
 finish() {
   cp "$W/device.log" "$OUT/" 2>/dev/null
-  cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$W/swa.jsonl" "$OUT/" 2>/dev/null
+  cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$W/swa.jsonl" \
+    "$W/pytest-gpu.xml" "$W/pytest-gpu_check.json" "$OUT/" 2>/dev/null
   cp "$W"/trace/summary-*.json "$OUT/" 2>/dev/null
   # the plugin's profiler trace (re-analysable here: step_trace.py --analyse), if it fits
   local t; t=$(ls "$W"/trace/trace-plugin/*.json.gz 2>/dev/null | head -1)
@@ -45,6 +48,11 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       timeout "${CHECK_TIMEOUT:-560}" python3 benchmarks/gpu/gpu_check.py --out "$W/check" --budget "${BUDGET:-500}" \
         --runs "${RUNS:-}" --jobs "${JOBS:-8}" > "$W/check.log" 2>&1
       say "check rc=$?"; grep '^\[gpu_check\]' "$W/check.log" | cut -c1-260 ;;
+    pytest)  # the user-facing form of the check: pytest -m gpu (RUNS: GPU_CHECK_RUNS)
+      GPU_CHECK_RUNS=${RUNS:-} timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -m gpu tests/gpu \
+        -p no:cacheprovider --junitxml "$W/pytest-gpu.xml" > "$W/pytest-gpu.log" 2>&1
+      say "pytest -m gpu rc=$?"; tail -15 "$W/pytest-gpu.log"
+      cp .pytest_cache/gpu_check/gpu_check.json "$W/pytest-gpu_check.json" 2>/dev/null ;;
     perf)
       for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do

@@ -80,7 +80,8 @@ def analyse(events: list[dict], min_gap_us: float = 5.0) -> dict:
     launches = {
         e["args"]["correlation"]: e
         for e in events
-        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"
+        # cuBLASLt (nvjet) kernels launch through the driver API (cuLaunchKernelEx)
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
         and "correlation" in e.get("args", {})
     }  # fmt: skip
     kernels = sorted(

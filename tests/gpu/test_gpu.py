@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """GPU checks (``pytest -m gpu`` on a CUDA host with vLLM 0.20.1 + this plugin).
 
-Runs benchmarks/gpu/gpu_check.py once (every run the GPUs here allow) and asserts
-each kind of check it made; the judging itself is ``gpu_check.evaluate``.
-Skipped without a GPU.
+Runs benchmarks/gpu/gpu_check.py once (every run the GPUs here allow, or only the
+runs named in ``GPU_CHECK_RUNS=a,b``) and asserts each kind of check it made; the
+judging itself is ``gpu_check.evaluate``. Skipped without a GPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,12 @@ def checks() -> list[dict]:
     from benchmarks.gpu.gpu_check import RUNS
 
     out = Path(ROOT / ".pytest_cache" / "gpu_check")
-    runs = [r.name for r in RUNS if r.tp <= _gpus()]
+    wanted = [n for n in os.environ.get("GPU_CHECK_RUNS", "").split(",") if n]
+    unknown = sorted(set(wanted) - {r.name for r in RUNS})
+    assert not unknown, f"GPU_CHECK_RUNS names unknown runs: {unknown}"
+    runs = [
+        r.name for r in RUNS if r.tp <= _gpus() and (not wanted or r.name in wanted)
+    ]
     cmd = [sys.executable, str(ROOT / "benchmarks/gpu/gpu_check.py"), "--out", str(out),
            "--budget", "2100", "--models", str(out / "models"), "--runs", ",".join(runs)]  # fmt: skip
     subprocess.run(
@@ -49,6 +55,8 @@ def checks() -> list[dict]:
 )
 def test_gpu_check(checks, kind):
     mine = [c for c in checks if c["check"] == kind]
+    if not mine and os.environ.get("GPU_CHECK_RUNS"):
+        pytest.skip(f"no {kind} check among GPU_CHECK_RUNS")
     assert mine, f"no {kind} check ran"
     failed = [f"{c['run']}: {c['detail']}" for c in mine if not c["ok"]]
     assert not failed, failed

@@ -23,7 +23,8 @@ def _trace(draft_graph: bool) -> list[dict]:
     def kernel(name, launch_ts, ts, dur, api="cudaLaunchKernel"):
         nonlocal corr
         corr += 1
-        ev.append({"ph": "X", "cat": "cuda_runtime", "name": api, "ts": launch_ts,
+        cat = "cuda_driver" if api.startswith("cuLaunch") else "cuda_runtime"
+        ev.append({"ph": "X", "cat": cat, "name": api, "ts": launch_ts,
                    "dur": 2, "tid": 1, "args": {"correlation": corr}})  # fmt: skip
         ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
                    "tid": 7, "args": {"correlation": corr}})  # fmt: skip
@@ -35,7 +36,9 @@ def _trace(draft_graph: bool) -> list[dict]:
         phase("draft", base + 120, 500)
         api = "cudaGraphLaunch" if draft_graph else "cudaLaunchKernel"
         kernel("flash_fwd_kernel", base + 130, base + 670, 100, api)
-        kernel("nvjet_gemm_small", base + 140, base + 770, 200, api)
+        # cuBLASLt launches its eager GEMMs through the driver API
+        kernel("nvjet_gemm_small", base + 140, base + 770, 200,
+               api if draft_graph else "cuLaunchKernelEx")  # fmt: skip
     return ev
 
 
