@@ -60,18 +60,27 @@ def plot_perf(rows: list[dict], out: Path) -> None:
                "Synthetic acceptance 6.35, k=15 (points: runs, line: mean)", legend=8)  # fmt: skip
 
 
+def _stacked_bars(
+    ax, bars: dict[str, dict[str, float]], order: list[str]
+) -> list[float]:
+    """One bar per BARS key, stacked by part in ORDER; returns the bar totals."""
+    bottom = [0.0] * len(bars)
+    for part in order:
+        vals = [parts.get(part, 0.0) for parts in bars.values()]
+        ax.bar(list(bars), vals, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    return bottom
+
+
 def plot_profile(rows: list[dict], out: Path) -> None:
     prof = [r for r in rows if r.get("profile")]
     if not prof:
         return
     sections = sorted({k for r in prof for k in r["profile"]["mean_ms"]})
     fig, ax = plt.subplots(figsize=(6, 4))
-    labels = [f"conc {r['conc']}" for r in prof]
-    bottom = [0.0] * len(prof)
-    for s in sections:
-        vals = [r["profile"]["mean_ms"].get(s, 0.0) for r in prof]
-        ax.bar(labels, vals, bottom=bottom, label=s)
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    _stacked_bars(
+        ax, {f"conc {r['conc']}": r["profile"]["mean_ms"] for r in prof}, sections
+    )
     ax.set_ylabel("ms per step (device-synchronised sections)")
     ax.set_title("One DFlash step (vllm-dflash, H200)")
     ax.legend(fontsize=7)
@@ -141,17 +150,11 @@ def plot_step_trace(summaries: dict[str, dict], out: Path) -> None:
     seen = {p for s in summaries.values() for p in s["median"]["phase_ms"]}
     phases = [p for p in order if p in seen] + sorted(seen - set(order))
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    labels = list(summaries)
-    bottom = [0.0] * len(labels)
-    for phase in [*phases, "idle"]:
-        vals = [
-            s["median"]["idle_ms"] if phase == "idle"
-            else s["median"]["phase_ms"].get(phase, 0.0)
-            for s in summaries.values()
-        ]  # fmt: skip
-        ax.bar(labels, vals, bottom=bottom, label=phase)
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    for x, total in enumerate(bottom):
+    bars = {
+        name: {**s["median"]["phase_ms"], "idle": s["median"]["idle_ms"]}
+        for name, s in summaries.items()
+    }
+    for x, total in enumerate(_stacked_bars(ax, bars, [*phases, "idle"])):
         ax.text(x, total, f"{total:.2f} ms", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("GPU ms per engine step (median, profiler trace)")
     ax.set_title("One engine step at concurrency 1, by runner phase")

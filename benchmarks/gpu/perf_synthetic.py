@@ -118,9 +118,8 @@ def main() -> None:
     )
 
     for conc in concs:
-        llm.generate(
-            random_prompts(rng, conc), warm, use_tqdm=False
-        )  # same batch size, untimed
+        # same batch size, untimed
+        llm.generate(random_prompts(rng, conc), warm, use_tqdm=False)
         if args.profile and os.path.exists(args.profile):
             os.remove(args.profile)
         for rep in range(1 if args.profile else args.repeats):

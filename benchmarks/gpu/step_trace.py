@@ -199,9 +199,8 @@ def run(mode: str, out_dir: str, conc: int, steps: int, root: str) -> None:
     sp = SamplingParams(
         temperature=0, max_tokens=768, ignore_eos=True, detokenize=False
     )
-    llm.generate(
-        ps.random_prompts(rng, conc), sp, use_tqdm=False
-    )  # warm-up: shapes, graphs
+    # warm-up: shapes, graphs
+    llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     t = time.time()
     llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     untraced = time.time() - t

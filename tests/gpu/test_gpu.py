@@ -29,6 +29,11 @@ def _gpus() -> int:
         return 0
 
 
+def _wanted_runs() -> list[str]:
+    """Run names from GPU_CHECK_RUNS=a,b (empty: every run the GPUs allow)."""
+    return [n for n in os.environ.get("GPU_CHECK_RUNS", "").split(",") if n]
+
+
 @pytest.fixture(scope="module")
 def checks() -> list[dict]:
     if _gpus() == 0:
@@ -36,7 +41,7 @@ def checks() -> list[dict]:
     from benchmarks.gpu.gpu_check import RUNS
 
     out = Path(ROOT / ".pytest_cache" / "gpu_check")
-    wanted = [n for n in os.environ.get("GPU_CHECK_RUNS", "").split(",") if n]
+    wanted = _wanted_runs()
     unknown = sorted(set(wanted) - {r.name for r in RUNS})
     assert not unknown, f"GPU_CHECK_RUNS names unknown runs: {unknown}"
     runs = [
@@ -55,7 +60,7 @@ def checks() -> list[dict]:
 )
 def test_gpu_check(checks, kind):
     mine = [c for c in checks if c["check"] == kind]
-    if not mine and os.environ.get("GPU_CHECK_RUNS"):
+    if not mine and _wanted_runs():
         pytest.skip(f"no {kind} check among GPU_CHECK_RUNS")
     assert mine, f"no {kind} check ran"
     failed = [f"{c['run']}: {c['detail']}" for c in mine if not c["ok"]]

@@ -80,15 +80,11 @@ def _reference(q, kv, block_table, window):
     """Softmax attention of the block's queries over the cached sequence."""
     pos = torch.arange(CONTEXT + QUERY)
     slots = block_table[0, pos // BLOCK].long() * BLOCK + pos % BLOCK
-    k = (
-        kv[0]
-        .reshape(-1, KV_HEADS, HEAD_DIM)[slots]
-        .repeat_interleave(HEADS // KV_HEADS, 1)
-    )
-    v = (
-        kv[1]
-        .reshape(-1, KV_HEADS, HEAD_DIM)[slots]
-        .repeat_interleave(HEADS // KV_HEADS, 1)
+    k, v = (
+        cache.reshape(-1, KV_HEADS, HEAD_DIM)[slots].repeat_interleave(
+            HEADS // KV_HEADS, 1
+        )
+        for cache in kv
     )
     scores = torch.einsum("qhd,khd->hqk", q, k) * HEAD_DIM**-0.5
     qpos = torch.arange(CONTEXT, CONTEXT + QUERY)[:, None]
