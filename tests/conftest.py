@@ -27,13 +27,52 @@ def pytest_configure(config) -> None:
 def skip_unless_needed(patch_name: str) -> None:
     """Skip a "this patch matters" test where the running vLLM does not need it
     (fixed upstream, or the defect is absent on this CPU)."""
-    from vllm_dflash.patches.catalog import PATCHES
-    from vllm_dflash.patches.registry import evaluate
+    from vllm_dflash.catalog import PATCHES
+    from vllm_dflash.registry import evaluate
 
     patch = next(p for p in PATCHES if p.name == patch_name)
     result = evaluate(patch, apply=False)
     if result.state.value != "applied":
         pytest.skip(f"{patch_name}: {result.state.value} here ({result.reason})")
+
+
+def _resolve(target: str) -> tuple[object, str]:
+    """``"module:Qual.name"`` -> (owner object, attribute name)."""
+    import importlib
+
+    module, qual = target.split(":")
+    owner: object = importlib.import_module(module)
+    *path, attr = qual.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, attr
+
+
+def restore_after(mp: pytest.MonkeyPatch, patch) -> None:
+    """Register ``patch``'s vLLM targets with ``mp`` so that undoing ``mp``
+    restores them: unit tests that call a patch's ``apply()`` must not leave
+    vLLM classes patched for the tests after them."""
+    import collections.abc
+
+    for target in patch.targets:
+        owner, attr = _resolve(target)
+        if isinstance(owner, collections.abc.MutableMapping):
+            if attr in owner:
+                mp.setitem(owner, attr, owner[attr])
+            else:
+                mp.delitem(owner, attr, raising=False)
+        elif isinstance(owner, type) and attr in owner.__dict__:
+            mp.setattr(owner, attr, owner.__dict__[attr])  # staticmethods stay wrapped
+        elif hasattr(owner, attr):
+            mp.setattr(owner, attr, getattr(owner, attr))
+        else:
+            mp.delattr(owner, attr, raising=False)
+
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """``isolated(patch)``: the patch's vLLM targets are restored after the test."""
+    return lambda patch: restore_after(monkeypatch, patch)
 
 
 @pytest.fixture(scope="session")

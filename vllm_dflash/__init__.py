@@ -12,6 +12,7 @@ __all__ = ["__version__", "register"]
 
 def register() -> None:
     """Apply the patch registry. Idempotent; cheap after the first call."""
-    from vllm_dflash.patches.registry import apply_all
+    from vllm_dflash.catalog import PATCHES
+    from vllm_dflash.registry import apply_all
 
-    apply_all()
+    apply_all(PATCHES)

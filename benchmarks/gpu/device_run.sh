@@ -38,7 +38,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /root/site . \
   >"$W/pip.log" 2>&1 || { say "plugin install failed"; cat "$W/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$W/device.log"
-python3 -m vllm_dflash.cli doctor --json > "$W/doctor.json" 2>"$W/doctor.err"; say "doctor rc=$?"
+python3 -m vllm_dflash.entrypoints.cli.main doctor --json > "$W/doctor.json" 2>"$W/doctor.err"; say "doctor rc=$?"
 run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock)
   local stage=${1%%:*} arg=""
   [[ $1 == *:* ]] && arg=${1#*:}

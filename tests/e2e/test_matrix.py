@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cpu_e2e
 @pytest.fixture(scope="module")
 def doctor() -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_dflash.cli", "doctor", "--json"],
+        [sys.executable, "-m", "vllm_dflash.entrypoints.cli.main", "doctor", "--json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -149,7 +149,7 @@ def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_f
         "PYTHONPATH": os.pathsep.join([str(dest), os.environ.get("PYTHONPATH", "")]),
     }
     out = subprocess.run(
-        [sys.executable, "-m", "vllm_dflash.cli", "doctor", "--json"],
+        [sys.executable, "-m", "vllm_dflash.entrypoints.cli.main", "doctor", "--json"],
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     doctor = json.loads(out.stdout)

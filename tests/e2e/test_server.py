@@ -42,7 +42,7 @@ def _bench(base_url: str, model: str, tmp_path) -> dict:
     )
     out = tmp_path / "bench.json"
     cmd = [
-        sys.executable, "-m", "vllm_dflash.cli", "bench", "--base-url", base_url,
+        sys.executable, "-m", "vllm_dflash.entrypoints.cli.main", "bench", "--base-url", base_url,
         "--model", model, "--prompts", str(prompts), "--concurrency", "4",
         "--max-tokens", "16", "--num-prompts", "12", "--ignore-eos", "--out", str(out),
     ]  # fmt: skip

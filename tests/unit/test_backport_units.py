@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vllm_dflash.patches import aux_layers, drafter
+from vllm_dflash.spec_decode import aux_layers
+from vllm_dflash.spec_decode import sliding_window as drafter
 
 
 def _speculators_dict() -> dict:
@@ -21,9 +22,10 @@ def _speculators_dict() -> dict:
     }
 
 
-def test_speculators_conversion_keeps_window_fields():
+def test_speculators_conversion_keeps_window_fields(isolated):
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
+    isolated(drafter.PATCH)
     drafter.apply()
     cfg = SpeculatorsConfig.extract_transformers_pre_trained_config(_speculators_dict())
     assert cfg["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
@@ -32,11 +34,12 @@ def test_speculators_conversion_keeps_window_fields():
     assert cfg["dflash_config"]["target_layer_ids"] == [1, 16, 31, 46, 61]
 
 
-def test_speculators_layer_ids_are_shifted_once():
+def test_speculators_layer_ids_are_shifted_once(isolated):
     """Speculators configs land in eagle_aux_hidden_state_layer_ids: also shifted."""
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    isolated(aux_layers.PATCH)
     aux_layers.apply()
     cfg = SpeculatorsConfig.extract_transformers_pre_trained_config(_speculators_dict())
     runner = SimpleNamespace(

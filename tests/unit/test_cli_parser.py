@@ -3,7 +3,7 @@
 
 import pytest
 
-from vllm_dflash.patches import cli
+from vllm_dflash.entrypoints import arg_parser as cli
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import restore_after
 from vllm_dflash.cpu import attention as cpu_attention
-from vllm_dflash.patches.registry import original
+from vllm_dflash.registry import original
 
 pytest.importorskip("vllm")
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
@@ -18,9 +19,13 @@ NH, NKV, HD = 4, 2, 32
 
 @pytest.fixture(scope="module", autouse=True)
 def _patched():
-    if not hasattr(cpu_attn.CPUAttentionBackendImpl, "do_kv_cache_update"):
-        cpu_attention.apply_kv_update()
-    cpu_attention.apply_noncausal()
+    with pytest.MonkeyPatch.context() as mp:
+        restore_after(mp, cpu_attention.KV_UPDATE_PATCH)
+        restore_after(mp, cpu_attention.NONCAUSAL_PATCH)
+        if not hasattr(cpu_attn.CPUAttentionBackendImpl, "do_kv_cache_update"):
+            cpu_attention.apply_kv_update()
+        cpu_attention.apply_noncausal()
+        yield
 
 
 def _builder(block_size: int) -> cpu_attn.CPUAttentionMetadataBuilder:

@@ -4,7 +4,7 @@
 import torch
 
 from vllm_dflash.cpu import weights
-from vllm_dflash.patches.registry import original
+from vllm_dflash.registry import original
 
 
 def _layer() -> torch.nn.Module:
@@ -13,7 +13,7 @@ def _layer() -> torch.nn.Module:
     return layer
 
 
-def test_kept_for_dflash_qkv_only(monkeypatch):
+def test_kept_for_dflash_qkv_only(monkeypatch, isolated):
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import utils
 
@@ -28,6 +28,7 @@ def test_kept_for_dflash_qkv_only(monkeypatch):
     stock(plain, remove_weight=True)
     assert plain.weight.numel() == 0  # the defect: F.linear(x, layer.weight) breaks
 
+    isolated(weights.PATCH)
     weights.apply()
     qkv, other = _layer(), _layer()
     setattr(

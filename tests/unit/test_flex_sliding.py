@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_dflash.proposer import DFlashSWAProposer
+from vllm_dflash.spec_decode.dflash_proposer import DFlashSWAProposer
 
 BLOCK, NUM_BLOCKS, WINDOW = 16, 64, 6
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32

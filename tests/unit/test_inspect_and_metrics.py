@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 import pytest
 
-from vllm_dflash.cli import main
-from vllm_dflash.inspect_drafter import inspect_drafter
-from vllm_dflash.metrics import acceptance_length, parse_spec_decode
+from vllm_dflash.entrypoints.cli.inspect_drafter import inspect_drafter
+from vllm_dflash.entrypoints.cli.main import main
+from vllm_dflash.entrypoints.cli.metrics import acceptance_length, parse_spec_decode
 
 
 def test_inspect_swa_fixture(tiny_models):

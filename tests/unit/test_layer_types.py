@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dflash.model.layer_types import DrafterConfigError, resolve_layer_types
+from vllm_dflash.config.layer_types import DrafterConfigError, resolve_layer_types
 
 
 def cfg(**kw):

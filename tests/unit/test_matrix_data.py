@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from ci.matrix import expected_states, load_matrix
+from vllm_dflash.catalog import PATCHES
 from vllm_dflash.compat import SUPPORTED_VLLM as SUPPORTED
-from vllm_dflash.patches.catalog import PATCHES
 
 ROOT = Path(__file__).resolve().parents[2]
 STATES = {"applied", "not needed", "not applicable", "disabled"}

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import torch
 
 from vllm_dflash.cpu.attention import split_kv_cache
-from vllm_dflash.patches import capture
-from vllm_dflash.profile import StepProfile, _counted
+from vllm_dflash.spec_decode import tp_graph_replay as capture
+from vllm_dflash.spec_decode.step_profile import StepProfile, _counted
 
 
 def test_step_profile_means_and_reset(tmp_path):

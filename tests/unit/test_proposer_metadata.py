@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dflash.proposer import DFlashSWAProposer
+from vllm_dflash.spec_decode.dflash_proposer import DFlashSWAProposer
 
 
 class _Builder:

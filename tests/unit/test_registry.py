@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from vllm_dflash.patches import aux_layers, registry
-from vllm_dflash.patches.catalog import PATCHES
-from vllm_dflash.patches.registry import Patch, PatchError, PatchState, evaluate
+from vllm_dflash import registry
+from vllm_dflash.catalog import PATCHES
+from vllm_dflash.registry import Patch, PatchError, PatchState, evaluate
+from vllm_dflash.spec_decode import aux_layers
 
 
 def test_every_patch_is_fully_declared():
@@ -87,16 +88,21 @@ def test_replace_attr_is_idempotent_and_loud():
 
 
 def test_aux_shift_probe_reads_vllm_behaviour(monkeypatch):
-    """Never shift twice: a vLLM that already adds 1 makes the probe say no."""
+    """Never shift twice: the probe says what the running vLLM does."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     stock = registry.original(GPUModelRunner._get_eagle3_aux_layers_from_config)
-    assert stock(aux_layers._fake_runner([0, 2])) == (0, 2)  # 0.20.1: unshifted
+    shifted = stock(aux_layers._fake_runner([0, 2])) == (1, 2 + 1)
+    assert aux_layers.probe() is (not shifted)
+
+    def unshifted(self):
+        return (0, 2)
+
+    monkeypatch.setattr(GPUModelRunner, "_get_eagle3_aux_layers_from_config", unshifted)
     assert aux_layers.probe() is True
 
     def upstream_fixed(self):
-        ids = stock(self)
-        return tuple(i + 1 for i in ids)
+        return (1, 3)
 
     monkeypatch.setattr(
         GPUModelRunner, "_get_eagle3_aux_layers_from_config", upstream_fixed
@@ -104,9 +110,10 @@ def test_aux_shift_probe_reads_vllm_behaviour(monkeypatch):
     assert aux_layers.probe() is False
 
 
-def test_aux_shift_only_for_dflash():
+def test_aux_shift_only_for_dflash(isolated):
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    isolated(aux_layers.PATCH)
     aux_layers.apply()
     patched = GPUModelRunner._get_eagle3_aux_layers_from_config
     assert patched(aux_layers._fake_runner([1, 9, 17])) == (2, 10, 18)
@@ -126,34 +133,41 @@ def _doctor_json(env: dict[str, str]) -> dict:
     import os
 
     out = subprocess.run(
-        [sys.executable, "-m", "vllm_dflash.cli", "doctor", "--json"],
+        [sys.executable, "-m", "vllm_dflash.entrypoints.cli.main", "doctor", "--json"],
         env={**os.environ, **env}, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return {p["name"]: p for p in json.loads(out.stdout)["patches"]}
 
 
 def test_doctor_reports_states_on_this_vllm():
+    """The states ci/matrix.toml expects for the running vLLM (any pinned one)."""
+    from ci.matrix import expected_states, load_matrix
+    from vllm_dflash.compat import vllm_version
+
     states = _doctor_json(
         {"VLLM_DFLASH_DISABLE": "dflash_sliding_window", "VLLM_DFLASH_TRACE": ""}
     )
     assert states["dflash_sliding_window"]["state"] == "disabled"
-    assert states["dflash_aux_layer_shift"]["state"] == "applied"
-    assert states["dflash_trace"]["state"] == "not applicable"
-    from vllm_dflash.cpu.weights import repacking_active
+    want = expected_states(load_matrix(), str(vllm_version()))
+    for name, allowed in want.items():
+        if name != "dflash_sliding_window":
+            assert states[name]["state"] in allowed, (name, states[name])
 
-    want = "applied" if repacking_active() else "not needed"
-    assert states["cpu_keep_dflash_weights"]["state"] == want
-    for name in (
-        "cpu_aux_hidden_state_layers",
-        "cpu_cli_distribution_name",
-        "cli_speculative_config",
-        "dflash_config_validation",
-        "cpu_rejection_sampler_args",
-        "cpu_dflash_input_expansion",
-        "cpu_attn_kv_cache_update",
-        "cpu_attn_exact_noncausal",
-    ):
-        assert states[name]["state"] == "applied", states[name]
+
+def test_failed_patch_does_not_stop_vllm_but_refuses_dflash(monkeypatch):
+    """A patch that cannot apply is logged and recorded; vLLM starts, DFlash does
+    not (raise_if_failed names the patch)."""
+
+    def boom():
+        raise AttributeError("moved upstream")
+
+    monkeypatch.setattr(registry, "_results", {})
+    monkeypatch.setattr(registry, "_applied_pid", None)
+    monkeypatch.setattr(registry, "is_supported_vllm", lambda: True)
+    res = registry.apply_all([_fake(apply=boom)])
+    assert res["fake_patch"].state is PatchState.FAILED
+    with pytest.raises(PatchError, match="fake_patch.*moved upstream"):
+        registry.raise_if_failed()
 
 
 def test_unsupported_vllm_version_applies_nothing(monkeypatch, caplog):
@@ -163,5 +177,5 @@ def test_unsupported_vllm_version_applies_nothing(monkeypatch, caplog):
     monkeypatch.setattr(registry, "_applied_pid", None)
     monkeypatch.setattr(registry, "is_supported_vllm", lambda: False)
     monkeypatch.setattr(registry, "vllm_version", lambda: Version("0.19.0"))
-    res = registry.apply_all()
+    res = registry.apply_all(PATCHES)
     assert {r.state for r in res.values()} == {PatchState.NOT_APPLICABLE}

@@ -3,7 +3,10 @@ import json
 
 import pytest
 
-from vllm_dflash.spec_config_arg import SpecConfigParseError, parse_speculative_config
+from vllm_dflash.entrypoints.speculative_config import (
+    SpecConfigParseError,
+    parse_speculative_config,
+)
 
 WANT = {"method": "dflash", "model": "/m/d", "num_speculative_tokens": 15}
 

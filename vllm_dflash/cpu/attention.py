@@ -19,10 +19,17 @@ from dataclasses import replace
 
 import torch
 
-from vllm_dflash.patches.registry import original, replace_attr
+from vllm_dflash.registry import (
+    CPU_ONLY,
+    V020,
+    Patch,
+    PatchKind,
+    original,
+    replace_attr,
+)
 
-PATCH_KV_UPDATE = "cpu_attn_kv_cache_update"
-PATCH_NONCAUSAL = "cpu_attn_exact_noncausal"
+KV_UPDATE_NAME = "cpu_attn_kv_cache_update"
+NONCAUSAL_NAME = "cpu_attn_exact_noncausal"
 _ROWS = "_vllm_dflash_noncausal_rows"
 
 
@@ -91,7 +98,7 @@ def apply_kv_update() -> None:
         cpu_attn.CPUAttentionBackendImpl,
         "do_kv_cache_update",
         do_kv_cache_update,
-        PATCH_KV_UPDATE,
+        KV_UPDATE_NAME,
         add=True,
     )
 
@@ -158,5 +165,39 @@ def apply_noncausal() -> None:
             if rows:
                 attn_metadata.causal = False
 
-    replace_attr(cpu_attn.CPUAttentionMetadataBuilder, "build", build, PATCH_NONCAUSAL)
-    replace_attr(cpu_attn.CPUAttentionBackendImpl, "forward", forward, PATCH_NONCAUSAL)
+    replace_attr(cpu_attn.CPUAttentionMetadataBuilder, "build", build, NONCAUSAL_NAME)
+    replace_attr(cpu_attn.CPUAttentionBackendImpl, "forward", forward, NONCAUSAL_NAME)
+
+
+KV_UPDATE_PATCH = Patch(
+    name=KV_UPDATE_NAME,
+    kind=PatchKind.CPU,
+    targets=(
+        "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.do_kv_cache_update",
+    ),
+    summary="CPU attention gets do_kv_cache_update (ISA-specific cache layout).",
+    why="DFlash inserts precomputed context K/V through do_kv_cache_update.",
+    upstream="none, CPU backend defect",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=probe_kv_update,
+    apply=apply_kv_update,
+    future="Send upstream.",
+)
+
+NONCAUSAL_PATCH = Patch(
+    name=NONCAUSAL_NAME,
+    kind=PatchKind.CPU,
+    targets=(
+        "vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadataBuilder.build",
+        "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward",
+    ),
+    summary="Exact non-causal attention on CPU: one causal query row per block token.",
+    why="cpu_attention_with_kv_cache(causal=False) is wrong with a cached prefix.",
+    upstream="none, CPU backend defect",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=probe_noncausal,
+    apply=apply_noncausal,
+    future="Report the kernel bug upstream; drop when the kernel is exact.",
+)

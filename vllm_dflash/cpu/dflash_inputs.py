@@ -12,9 +12,9 @@ import types
 
 import torch
 
-from vllm_dflash.patches.registry import replace_attr
+from vllm_dflash.registry import CPU_ONLY, V020, Patch, PatchKind, replace_attr
 
-PATCH = "cpu_dflash_input_expansion"
+NAME = "cpu_dflash_input_expansion"
 
 
 def copy_and_expand_dflash_inputs(
@@ -103,6 +103,24 @@ def probe() -> bool:
 def apply() -> None:
     from vllm.v1.spec_decode import dflash
 
-    replace_attr(dflash, "copy_and_expand_dflash_inputs_kernel", _Launcher(), PATCH)
+    replace_attr(dflash, "copy_and_expand_dflash_inputs_kernel", _Launcher(), NAME)
     if not hasattr(dflash.triton, "next_power_of_2"):
-        replace_attr(dflash, "triton", TRITON_SHIM, PATCH)
+        replace_attr(dflash, "triton", TRITON_SHIM, NAME)
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.CPU,
+    targets=(
+        "vllm.v1.spec_decode.dflash:copy_and_expand_dflash_inputs_kernel",
+        "vllm.v1.spec_decode.dflash:triton",
+    ),
+    summary="Vectorised torch fallback for the DFlash input-expansion Triton kernel.",
+    why="DFlashProposer launches a Triton kernel that has no CPU fallback.",
+    upstream="none, CPU backend defect",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=probe,
+    apply=apply,
+    future="Send upstream into vllm/utils/cpu_triton_utils.py.",
+)

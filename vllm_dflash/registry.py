@@ -5,15 +5,19 @@ Each patch is data (:class:`Patch`): what vLLM symbol it changes, why, the
 upstream PR, the vLLM versions it applies to, a probe that tells whether the
 running vLLM still needs it, how to apply it, and the future plan. The same
 records feed ``register()``, ``vllm-dflash doctor`` and the README table.
+Each record lives beside the code it describes; ``vllm_dflash.catalog`` orders
+them. This module knows no particular patch.
 """
 
 from __future__ import annotations
 
 import enum
+import inspect
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +34,21 @@ from vllm_dflash.compat import (
 
 _MARK = "__vllm_dflash_patch__"
 
+# The vLLM range patches declare, and the platform tuples they use.
+V020 = ">=0.20.0,<0.24.0"
+CPU_ONLY = ("cpu",)
+ALL_PLATFORMS = ("cuda", "cpu", "rocm")
+
 
 class PatchError(RuntimeError):
     """A patch could not be applied (target missing or changed)."""
+
+
+class PatchKind(str, enum.Enum):
+    BACKPORT = "backport"  # an upstream vLLM fix, on a release that lacks it
+    FIX = "fix"  # a vLLM defect DFlash hits, no upstream fix yet
+    CPU = "cpu"  # a vLLM-CPU defect (DFlash on the CPU backend)
+    FEATURE = "feature"  # a plugin feature (CLI, validation, trace, profile)
 
 
 class PatchState(str, enum.Enum):
@@ -55,7 +71,7 @@ class Patch:
     probe: Callable[[], bool]  # True if the running vLLM still needs this patch
     apply: Callable[[], None]  # idempotent
     future: str  # plan: when it can be deleted
-    kind: str = "fix"  # "backport", "cpu", "feature"
+    kind: PatchKind = PatchKind.FIX
     # State and reason when the probe says False (default: upstream has the fix).
     when_probe_false: PatchState = PatchState.NOT_NEEDED
     probe_false_reason: str = "probe: the running vLLM already has this fix"
@@ -113,11 +129,18 @@ def evaluate(patch: Patch, apply: bool) -> PatchResult:
     return PatchResult(patch.name, PatchState.APPLIED)
 
 
-def apply_all(raise_on_error: bool = True) -> dict[str, PatchResult]:
-    """Apply every registered patch once per process (idempotent)."""
+def apply_all(
+    patches: Sequence[Patch], raise_on_error: bool = False
+) -> dict[str, PatchResult]:
+    """Apply ``patches`` once per process (idempotent).
+
+    A patch that cannot apply is logged as an error with its reason and
+    recorded as ``failed``; vLLM still starts, so a user who does not run
+    DFlash is not stopped by it. Running DFlash with a failed patch is refused
+    by :func:`raise_if_failed` (called when a DFlash config is built).
+    """
     global _applied_pid
     from vllm_dflash.logger import init_logger
-    from vllm_dflash.patches.catalog import PATCHES
 
     logger = init_logger("vllm_dflash")
     with _lock:
@@ -130,19 +153,20 @@ def apply_all(raise_on_error: bool = True) -> dict[str, PatchResult]:
                 ", ".join(VERIFIED_VLLM),
                 vllm_version_str(),
             )
-            for p in PATCHES:
+            for p in patches:
                 _results[p.name] = PatchResult(
                     p.name, PatchState.NOT_APPLICABLE, "unsupported vLLM version"
                 )
             _applied_pid = os.getpid()
             return dict(_results)
-        for p in PATCHES:
+        for p in patches:
             try:
                 _results[p.name] = evaluate(p, apply=True)
             except PatchError as e:
                 _results[p.name] = PatchResult(p.name, PatchState.FAILED, str(e))
                 if raise_on_error:
                     raise
+                logger.error("%s (DFlash will refuse to start)", e)
         _applied_pid = os.getpid()
         applied = [n for n, r in _results.items() if r.state is PatchState.APPLIED]
         logger.info(
@@ -155,6 +179,22 @@ def apply_all(raise_on_error: bool = True) -> dict[str, PatchResult]:
             ", ".join(applied) or "nothing",
         )
         return dict(_results)
+
+
+def failed() -> list[PatchResult]:
+    """The patches that failed in this process."""
+    return [r for r in _results.values() if r.state is PatchState.FAILED]
+
+
+def raise_if_failed() -> None:
+    """Refuse to run DFlash when a patch failed in this process."""
+    bad = failed()
+    if bad:
+        raise PatchError(
+            f"DFlash cannot run: vllm-dflash patch {bad[0].name!r} failed "
+            f"({bad[0].reason}). Use a vLLM listed by `vllm-dflash doctor`, or "
+            f"disable the patch with VLLM_DFLASH_DISABLE={bad[0].name}."
+        )
 
 
 def _plugin_version() -> str:
@@ -195,3 +235,33 @@ def original(obj: Any) -> Any:
 
 def is_patched(obj: Any, patch_name: str) -> bool:
     return getattr(obj, _MARK, None) == patch_name
+
+
+def code_reads(obj: Any, name: str) -> bool:
+    """Whether the compiled code of ``obj`` (a function, a class's functions, or
+    a module's classes and functions) reads ``name``: as an attribute or global,
+    or as the exact string given to ``getattr``. Comments and docstrings do not
+    count and no source files are needed (probes must not read source text).
+    """
+
+    def walk(code: types.CodeType) -> bool:
+        if name in code.co_names or name in code.co_consts[1:]:
+            return True
+        return any(isinstance(c, types.CodeType) and walk(c) for c in code.co_consts)
+
+    if inspect.ismodule(obj):
+        members = [
+            m
+            for m in vars(obj).values()
+            if getattr(m, "__module__", None) == obj.__name__
+            and (inspect.isclass(m) or inspect.isfunction(m))
+        ]
+    else:
+        members = [obj]
+    funcs: list[Any] = []
+    for m in members:
+        if inspect.isclass(m):
+            funcs += [f for f in vars(m).values() if inspect.isfunction(f)]
+        else:
+            funcs.append(original(m))
+    return any(walk(f.__code__) for f in funcs)

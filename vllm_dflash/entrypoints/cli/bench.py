@@ -12,7 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_dflash.metrics import acceptance_length, delta, fetch_spec_decode
+from vllm_dflash.entrypoints.cli.metrics import (
+    acceptance_length,
+    delta,
+    fetch_spec_decode,
+)
 
 
 @dataclass

@@ -19,19 +19,39 @@ session the eager custom all-reduce only allocates). Sessions start at
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+from types import SimpleNamespace
 
-from vllm_dflash.patches.registry import original, replace_attr
+from vllm_dflash.registry import V020, Patch, PatchKind, original, replace_attr
 
-PATCH = "dflash_tp_graph_replay"
+NAME = "dflash_tp_graph_replay"
 _SEEN = "_vllm_dflash_captured_sizes"
 
 
+class _Stop(Exception):
+    pass
+
+
 def probe() -> bool:
+    """Ask vLLM's ``DFlashProposer.dummy_run`` which drafter batch size a large
+    target size warms up: a clamp means every capture size past it replays one
+    drafter graph (the defect)."""
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
-    src = inspect.getsource(original(DFlashProposer.dummy_run))
-    return "min(num_tokens, self.max_query_tokens)" in src
+    asked: list[int] = []
+
+    def record(num_tokens: int, use_cudagraphs: bool = True):
+        asked.append(num_tokens)
+        raise _Stop
+
+    fake = SimpleNamespace(
+        max_query_tokens=4, _determine_batch_execution_and_padding=record
+    )
+    with contextlib.suppress(_Stop):
+        original(DFlashProposer.dummy_run)(fake, 64)
+    if not asked:
+        raise RuntimeError("DFlashProposer.dummy_run asked for no drafter batch size")
+    return asked[0] < 64
 
 
 def graph_key(proposer, num_tokens: int) -> tuple:
@@ -89,8 +109,29 @@ def apply() -> None:
         new_session(self)
         return stock_capture(self, *args, **kwargs)
 
-    replace_attr(DFlashProposer, "dummy_run", dummy_run, PATCH)
+    replace_attr(DFlashProposer, "dummy_run", dummy_run, NAME)
     replace_attr(
-        GPUModelRunner, "profile_cudagraph_memory", profile_cudagraph_memory, PATCH
+        GPUModelRunner, "profile_cudagraph_memory", profile_cudagraph_memory, NAME
     )
-    replace_attr(GPUModelRunner, "capture_model", capture_model, PATCH)
+    replace_attr(GPUModelRunner, "capture_model", capture_model, NAME)
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.FIX,
+    targets=(
+        "vllm.v1.spec_decode.dflash:DFlashProposer.dummy_run",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.profile_cudagraph_memory",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.capture_model",
+    ),
+    summary="No drafter CUDA-graph replay inside a capture session: DFlash starts at TP>1.",
+    why="Every target size clamps to one drafter graph that is replayed while custom "
+    "all-reduce buffers are unregistered: illegal memory access at start-up, TP>1.",
+    upstream="none (same mechanism as vllm-project/vllm#28334)",
+    versions=V020,
+    platforms=("cuda", "rocm"),
+    probe=probe,
+    apply=apply,
+    future="Upstream: capture each drafter graph size once per capture session.",
+    probe_false_reason="DFlashProposer.dummy_run no longer clamps to max_query_tokens",
+)

@@ -13,9 +13,16 @@ same fields, so this one symbol covers all three paths.
 
 from types import SimpleNamespace
 
-from vllm_dflash.patches.registry import original, replace_attr
+from vllm_dflash.registry import (
+    ALL_PLATFORMS,
+    V020,
+    Patch,
+    PatchKind,
+    original,
+    replace_attr,
+)
 
-PATCH = "dflash_aux_layer_shift"
+NAME = "dflash_aux_layer_shift"
 
 
 def _fake_runner(layer_ids: list[int]) -> SimpleNamespace:
@@ -56,5 +63,22 @@ def apply() -> None:
         GPUModelRunner,
         "_get_eagle3_aux_layers_from_config",
         _get_eagle3_aux_layers_from_config,
-        PATCH,
+        NAME,
     )
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.BACKPORT,
+    targets=(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner._get_eagle3_aux_layers_from_config",
+    ),
+    summary="DFlash target_layer_ids map to vLLM capture index id+1 (after layer id).",
+    why="0.20.x captures every DFlash feature one layer too early: lower acceptance.",
+    upstream="vllm-project/vllm#40727 (released in 0.22.0)",
+    versions=V020,
+    platforms=ALL_PLATFORMS,
+    probe=probe,
+    apply=apply,
+    future="Drop when the oldest supported vLLM is 0.22.0; the probe already skips it there.",
+)

@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_dflash.model.layer_types import resolve_layer_types
-from vllm_dflash.validation import _safetensors_shapes, validate_dflash
+from vllm_dflash.config.drafter_validation import _safetensors_shapes, validate_dflash
+from vllm_dflash.config.layer_types import resolve_layer_types
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 

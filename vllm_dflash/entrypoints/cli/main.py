@@ -15,11 +15,11 @@ from vllm_dflash.version import __version__
 def _doctor(args: argparse.Namespace) -> int:
     # vLLM logs to stdout; keep stdout for the report (``--json`` stays parseable).
     with contextlib.redirect_stdout(sys.stderr):
+        from vllm_dflash.catalog import PATCHES
         from vllm_dflash.compat import platform_name, vllm_version_str
-        from vllm_dflash.patches.catalog import PATCHES
-        from vllm_dflash.patches.registry import apply_all
+        from vllm_dflash.registry import apply_all
 
-        results = apply_all(raise_on_error=False)
+        results = apply_all(PATCHES)
     report = {
         "vllm_dflash": __version__,
         "vllm": vllm_version_str(),
@@ -27,7 +27,7 @@ def _doctor(args: argparse.Namespace) -> int:
         "patches": [
             {
                 "name": p.name,
-                "kind": p.kind,
+                "kind": p.kind.value,
                 "state": results[p.name].state.value,
                 "reason": results[p.name].reason,
                 "targets": list(p.targets),
@@ -56,8 +56,11 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from vllm_dflash.inspect_drafter import format_report, inspect_drafter
-    from vllm_dflash.model.layer_types import DrafterConfigError
+    from vllm_dflash.config.layer_types import DrafterConfigError
+    from vllm_dflash.entrypoints.cli.inspect_drafter import (
+        format_report,
+        inspect_drafter,
+    )
 
     try:
         report = inspect_drafter(args.drafter, args.target)
@@ -69,7 +72,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from vllm_dflash.bench import format_summary, load_prompts, run_bench
+    from vllm_dflash.entrypoints.cli.bench import (
+        format_summary,
+        load_prompts,
+        run_bench,
+    )
 
     try:
         prompts = load_prompts(args.prompts)

@@ -15,8 +15,8 @@ import torch
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
+from vllm_dflash.config.layer_types import SLIDING, resolve_layer_types
 from vllm_dflash.logger import init_logger
-from vllm_dflash.model.layer_types import SLIDING, resolve_layer_types
 
 logger = init_logger(__name__)
 

@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from vllm_dflash.model.layer_types import (
+from vllm_dflash.config.layer_types import (
     DrafterConfigError,
     resolve_layer_types,
 )

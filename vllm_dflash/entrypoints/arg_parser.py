@@ -6,10 +6,17 @@ from __future__ import annotations
 import inspect
 import sys
 
-from vllm_dflash.patches.registry import is_patched, original
+from vllm_dflash.registry import (
+    ALL_PLATFORMS,
+    V020,
+    Patch,
+    PatchKind,
+    is_patched,
+    original,
+)
 
-PATCH_ARG = "cli_speculative_config"
-PATCH_VALIDATE = "dflash_config_validation"
+ARG_NAME = "cli_speculative_config"
+VALIDATE_NAME = "dflash_config_validation"
 GROUP_TITLE = "SpeculativeDecoding"
 
 
@@ -32,7 +39,11 @@ def improve_parser(parser) -> None:
     """Accept shell-mangled values and list the flag in plain ``--help``."""
     from vllm.engine.arg_utils import optional_type
 
-    from vllm_dflash.spec_config_arg import EXAMPLE, HELP_LINE, parse_speculative_config
+    from vllm_dflash.entrypoints.speculative_config import (
+        EXAMPLE,
+        HELP_LINE,
+        parse_speculative_config,
+    )
 
     action = next(
         (a for a in parser._actions if "--speculative-config" in a.option_strings), None
@@ -56,7 +67,7 @@ def improve_parser(parser) -> None:
 def apply_arg() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    if is_patched(EngineArgs.add_cli_args, PATCH_ARG):
+    if is_patched(EngineArgs.add_cli_args, ARG_NAME):
         return
     stock = EngineArgs.add_cli_args
 
@@ -65,7 +76,7 @@ def apply_arg() -> None:
         improve_parser(parser)
         return parser
 
-    _mark(add_cli_args, PATCH_ARG, stock)
+    _mark(add_cli_args, ARG_NAME, stock)
     EngineArgs.add_cli_args = staticmethod(add_cli_args)
 
 
@@ -80,10 +91,13 @@ def apply_validate() -> None:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
 
-    from vllm_dflash.model.layer_types import DrafterConfigError
-    from vllm_dflash.validation import prevalidate_raw, validate_vllm_config
+    from vllm_dflash.config.drafter_validation import (
+        prevalidate_raw,
+        validate_vllm_config,
+    )
+    from vllm_dflash.config.layer_types import DrafterConfigError
 
-    if not is_patched(EngineArgs.create_engine_config, PATCH_VALIDATE):
+    if not is_patched(EngineArgs.create_engine_config, VALIDATE_NAME):
         stock_create = EngineArgs.create_engine_config
 
         def create_engine_config(self, *args, **kwargs):
@@ -92,10 +106,10 @@ def apply_validate() -> None:
             validate_vllm_config(config)
             return config
 
-        _mark(create_engine_config, PATCH_VALIDATE, stock_create)
+        _mark(create_engine_config, VALIDATE_NAME, stock_create)
         EngineArgs.create_engine_config = create_engine_config
 
-    if not is_patched(ServeSubcommand.cmd, PATCH_VALIDATE):
+    if not is_patched(ServeSubcommand.cmd, VALIDATE_NAME):
         stock_cmd = ServeSubcommand.cmd
 
         def cmd(args) -> None:
@@ -105,5 +119,40 @@ def apply_validate() -> None:
                 print(f"vllm serve: error: {e}", file=sys.stderr)
                 sys.exit(2)
 
-        _mark(cmd, PATCH_VALIDATE, stock_cmd)
+        _mark(cmd, VALIDATE_NAME, stock_cmd)
         ServeSubcommand.cmd = staticmethod(cmd)
+
+
+ARG_PATCH = Patch(
+    name=ARG_NAME,
+    kind=PatchKind.FEATURE,
+    targets=("vllm.engine.arg_utils:EngineArgs.add_cli_args",),
+    summary=(
+        "--speculative-config accepts quote-stripped JSON, YAML flow, @file and "
+        ".json/.yaml paths, and is listed in plain `vllm serve --help`."
+    ),
+    why="0.20.x hides the flag from --help and rejects JSON whose quotes a shell stripped.",
+    upstream="none, vllm-dflash feature",
+    versions=V020,
+    platforms=ALL_PLATFORMS,
+    probe=probe_arg,
+    apply=apply_arg,
+    future="Propose the lenient parser upstream.",
+)
+
+VALIDATE_PATCH = Patch(
+    name=VALIDATE_NAME,
+    kind=PatchKind.FEATURE,
+    targets=(
+        "vllm.engine.arg_utils:EngineArgs.create_engine_config",
+        "vllm.entrypoints.cli.serve:ServeSubcommand.cmd",
+    ),
+    summary="One-line errors for bad DFlash drafter configs, before weights load.",
+    why="Mistakes otherwise surface as shape errors deep in loading, or silent low acceptance.",
+    upstream="none, vllm-dflash feature",
+    versions=V020,
+    platforms=ALL_PLATFORMS,
+    probe=probe_validate,
+    apply=apply_validate,
+    future="Propose the checks upstream (SpeculativeConfig).",
+)

@@ -22,24 +22,37 @@ import threading
 import torch
 
 from vllm_dflash import envs
-from vllm_dflash.patches.registry import original, replace_attr
+from vllm_dflash.registry import (
+    ALL_PLATFORMS,
+    V020,
+    Patch,
+    PatchKind,
+    PatchState,
+    original,
+    replace_attr,
+)
 
-PATCH = "dflash_trace"
+NAME = "dflash_trace"
 _RUNNER = "_vllm_dflash_runner"
 _HISTORY = "_vllm_dflash_history"
 _lock = threading.Lock()
 
 
 class TraceWriter:
+    """Appends records; the first write of an engine's writer starts the file
+    afresh, so records of an earlier run never mix with this one's."""
+
     def __init__(self, path: str) -> None:
         self.path = path
+        self._mode = "w"
 
     def write(self, records: list[dict]) -> None:
         if not records:
             return
         blob = "".join(json.dumps(r) + "\n" for r in records)
-        with _lock, open(self.path, "a", encoding="utf-8") as fh:
+        with _lock, open(self.path, self._mode, encoding="utf-8") as fh:
             fh.write(blob)
+            self._mode = "a"
 
 
 class TokenHistory:
@@ -167,5 +180,25 @@ def apply() -> None:
         )
         return drafts
 
-    replace_attr(DFlashProposer, "__init__", __init__, PATCH)
-    replace_attr(DFlashProposer, "propose", propose, PATCH)
+    replace_attr(DFlashProposer, "__init__", __init__, NAME)
+    replace_attr(DFlashProposer, "propose", propose, NAME)
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.FEATURE,
+    targets=(
+        "vllm.v1.spec_decode.dflash:DFlashProposer.__init__",
+        "vllm.v1.spec_decode.dflash:DFlashProposer.propose",
+    ),
+    summary="VLLM_DFLASH_TRACE=file.jsonl: one JSON line per request per drafting step.",
+    why="Debug acceptance; tests compare drafts with an independent reference.",
+    upstream="none, vllm-dflash feature",
+    versions=V020,
+    platforms=ALL_PLATFORMS,
+    probe=probe,
+    apply=apply,
+    future="Keep (plugin feature).",
+    when_probe_false=PatchState.NOT_APPLICABLE,
+    probe_false_reason="VLLM_DFLASH_TRACE is not set",
+)

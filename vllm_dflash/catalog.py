@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ordered list of every runtime change vllm-dflash makes to vLLM.
+
+Each record lives beside its code (``PATCH = Patch(...)`` in its module); this
+module only orders them. Order matters only where a patch wraps a symbol another
+one also wraps; each apply() is idempotent and each probe reads the unpatched
+vLLM object.
+"""
+
+from vllm_dflash.cpu import (
+    attention,
+    dflash_inputs,
+    dist_name,
+    rejection,
+    runner,
+    weights,
+)
+from vllm_dflash.entrypoints import arg_parser
+from vllm_dflash.registry import Patch
+from vllm_dflash.spec_decode import (
+    aux_layers,
+    sliding_window,
+    step_profile,
+    tp_graph_replay,
+    trace,
+)
+
+PATCHES: tuple[Patch, ...] = (
+    aux_layers.PATCH,
+    sliding_window.PATCH,
+    runner.PATCH,
+    weights.PATCH,
+    rejection.PATCH,
+    rejection.RECOVERED_PATCH,
+    dflash_inputs.PATCH,
+    attention.KV_UPDATE_PATCH,
+    attention.NONCAUSAL_PATCH,
+    dist_name.PATCH,
+    arg_parser.ARG_PATCH,
+    tp_graph_replay.PATCH,
+    arg_parser.VALIDATE_PATCH,
+    trace.PATCH,
+    step_profile.PATCH,
+)

@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Model classes the plugin registers with vLLM (the DFlash drafter)."""
