@@ -65,8 +65,9 @@ def restore_after(mp: pytest.MonkeyPatch, patch) -> None:
             mp.setattr(owner, attr, owner.__dict__[attr])  # staticmethods stay wrapped
         elif hasattr(owner, attr):
             mp.setattr(owner, attr, getattr(owner, attr))
-        else:
-            mp.delattr(owner, attr, raising=False)
+        else:  # a patch that adds the attribute: undo deletes it again
+            mp.setattr(owner, attr, None, raising=False)
+            mp.delattr(owner, attr)
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ class OfflineRunner:
 
     def run(
         self,
-        drafter: str | None,
+        drafter: str | Path | None,
         disable: tuple[str, ...] = (),
         prefix_caching: bool = False,
         max_num_batched_tokens: int | None = None,
@@ -113,7 +114,15 @@ class OfflineRunner:
         pythonpath: str | None = None,
         timeout: float = 900,
         tp: int = 1,
+        target: Path | None = None,
+        prompts: tuple[tuple[int, ...], ...] | None = None,
+        max_tokens: int | None = None,
     ) -> RunResult:
+        """One engine process per distinct configuration (memoised).
+
+        ``drafter``: a name of the tiny fixtures ("dense", "swa") or a checkpoint
+        path; ``target`` defaults to the tiny target; ``prompts`` to the
+        helper's deterministic mix."""
         key = (
             drafter,
             disable,
@@ -122,6 +131,9 @@ class OfflineRunner:
             k,
             pythonpath,
             tp,
+            target,
+            prompts,
+            max_tokens,
         )
         if key in self._cache:
             return self._cache[key]
@@ -132,20 +144,32 @@ class OfflineRunner:
             sys.executable,
             str(OFFLINE),
             "--target",
-            str(self.models.target),
+            str(target or self.models.target),
             "--out",
             str(out),
             "--k",
             str(k),
         ]
         if drafter:
-            cmd += ["--drafter", str(getattr(self.models, drafter))]
+            path = (
+                drafter if isinstance(drafter, Path) else getattr(self.models, drafter)
+            )
+            cmd += ["--drafter", str(path)]
+        if prompts is not None:
+            prompts_file = self.workdir / f"{tag}.prompts.json"
+            prompts_file.write_text(json.dumps([list(p) for p in prompts]))
+            cmd += ["--prompts", str(prompts_file)]
+        if max_tokens is not None:
+            cmd += ["--max-tokens", str(max_tokens)]
         if prefix_caching:
             cmd.append("--prefix-caching")
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
         env = {
             **os.environ,
+            # The engine core runs in this process: one Python start-up fewer
+            # per run (the CPU worker is still its own process).
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "VLLM_DFLASH_TRACE": str(trace),
             # A test's own list, plus any from the caller's environment (to watch
             # the equivalence tests go red with a backport disabled).

@@ -28,6 +28,7 @@ from vllm_dflash.spec_decode import (
 PATCHES: tuple[Patch, ...] = (
     aux_layers.PATCH,
     sliding_window.PATCH,
+    sliding_window.FIELDS_PATCH,
     runner.PATCH,
     weights.PATCH,
     rejection.PATCH,

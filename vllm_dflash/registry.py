@@ -15,6 +15,7 @@ import enum
 import inspect
 import multiprocessing
 import os
+import sys
 import threading
 import types
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from vllm_dflash import envs
+from vllm_dflash import envs, import_hooks
 from vllm_dflash.compat import (
     VERIFIED_VLLM,
     is_supported_vllm,
@@ -57,6 +58,7 @@ class PatchState(str, enum.Enum):
     NOT_APPLICABLE = "not applicable"  # other vLLM version or platform
     DISABLED = "disabled"  # VLLM_DFLASH_DISABLE
     FAILED = "failed"
+    DEFERRED = "deferred"  # applied when its vLLM module is imported
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,11 @@ class Patch:
     def applies_to_version(self) -> bool:
         return vllm_version() in SpecifierSet(self.versions)
 
+    @property
+    def trigger_module(self) -> str:
+        """The vLLM module whose import applies the patch (its first target's)."""
+        return self.targets[0].split(":")[0]
+
 
 @dataclass(frozen=True)
 class PatchResult:
@@ -87,13 +94,13 @@ class PatchResult:
     reason: str = ""
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _results: dict[str, PatchResult] = {}
 _applied_pid: int | None = None
 
 
-def evaluate(patch: Patch, apply: bool) -> PatchResult:
-    """Decide a patch's state; apply it if needed and ``apply`` is set."""
+def _gate(patch: Patch) -> PatchResult | None:
+    """The state decided without touching vLLM's modules, if any."""
     if patch.name in envs.disabled_patches():
         return PatchResult(patch.name, PatchState.DISABLED, "VLLM_DFLASH_DISABLE")
     if not patch.applies_to_version():
@@ -108,6 +115,14 @@ def evaluate(patch: Patch, apply: bool) -> PatchResult:
             PatchState.NOT_APPLICABLE,
             f"platform {platform_name()} not in {list(patch.platforms)}",
         )
+    return None
+
+
+def evaluate(patch: Patch, apply: bool) -> PatchResult:
+    """Decide a patch's state; apply it if needed and ``apply`` is set."""
+    gated = _gate(patch)
+    if gated is not None:
+        return gated
     try:
         needed = patch.probe()
     except Exception as e:  # the target moved: never guess
@@ -130,24 +145,27 @@ def evaluate(patch: Patch, apply: bool) -> PatchResult:
 
 
 def apply_all(
-    patches: Sequence[Patch], raise_on_error: bool = False
+    patches: Sequence[Patch], raise_on_error: bool = False, defer: bool = True
 ) -> dict[str, PatchResult]:
     """Apply ``patches`` once per process (idempotent).
+
+    With ``defer``, a patch whose vLLM module this process has not imported
+    yet is applied right after that import (``import_hooks``): the API
+    server never imports the model runner for a worker-side patch.
 
     A patch that cannot apply is logged as an error with its reason and
     recorded as ``failed``; vLLM still starts, so a user who does not run
     DFlash is not stopped by it. Running DFlash with a failed patch is refused
-    by :func:`raise_if_failed` (called when a DFlash config is built).
+    by :func:`raise_if_failed` (called when a DFlash config is built and when
+    the drafter loads).
     """
     global _applied_pid
-    from vllm_dflash.logger import init_logger
-
-    logger = init_logger("vllm_dflash")
     with _lock:
         if _applied_pid == os.getpid() and _results:
             return dict(_results)
+        _applied_pid = os.getpid()
         if not is_supported_vllm():
-            logger.warning(
+            _logger().warning(
                 "vllm-dflash is verified on vLLM %s (ci/matrix.toml); found %s: "
                 "no patch applied (DFlash runs as stock vLLM would run it).",
                 ", ".join(VERIFIED_VLLM),
@@ -157,28 +175,64 @@ def apply_all(
                 _results[p.name] = PatchResult(
                     p.name, PatchState.NOT_APPLICABLE, "unsupported vLLM version"
                 )
-            _applied_pid = os.getpid()
             return dict(_results)
+        deferred: list[Patch] = []
         for p in patches:
-            try:
-                _results[p.name] = evaluate(p, apply=True)
-            except PatchError as e:
-                _results[p.name] = PatchResult(p.name, PatchState.FAILED, str(e))
-                if raise_on_error:
-                    raise
-                logger.error("%s (DFlash will refuse to start)", e)
-        _applied_pid = os.getpid()
-        applied = [n for n, r in _results.items() if r.state is PatchState.APPLIED]
-        logger.info(
-            "vllm-dflash %s on vLLM %s (%s) in %s[%d]: applied %s",
-            _plugin_version(),
-            vllm_version_str(),
-            platform_name(),
-            multiprocessing.current_process().name,
-            os.getpid(),
-            ", ".join(applied) or "nothing",
-        )
-        return dict(_results)
+            gated = _gate(p)
+            if gated is None and defer and p.trigger_module not in sys.modules:
+                _results[p.name] = PatchResult(
+                    p.name, PatchState.DEFERRED, f"until {p.trigger_module} is imported"
+                )
+                deferred.append(p)
+            else:
+                _record(p, raise_on_error)
+        _log_applied("applied", [p.name for p in patches], deferred)
+    for p in deferred:
+        import_hooks.when_imported(p.trigger_module, lambda p=p: _apply_deferred(p))
+    return dict(_results)
+
+
+def _record(patch: Patch, raise_on_error: bool = False) -> None:
+    try:
+        _results[patch.name] = evaluate(patch, apply=True)
+    except PatchError as e:
+        _results[patch.name] = PatchResult(patch.name, PatchState.FAILED, str(e))
+        if raise_on_error:
+            raise
+        _logger().error("%s (DFlash will refuse to start)", e)
+
+
+def _apply_deferred(patch: Patch) -> None:
+    with _lock:
+        if _results.get(patch.name, PatchResult("", PatchState.DEFERRED)).state is not (
+            PatchState.DEFERRED
+        ):
+            return
+        _record(patch)
+        _log_applied(f"on import of {patch.trigger_module}, applied", [patch.name], [])
+
+
+def _log_applied(what: str, names: list[str], deferred: list[Patch]) -> None:
+    applied = [n for n in names if _results[n].state is PatchState.APPLIED]
+    if not applied and not deferred:
+        return
+    _logger().info(
+        "vllm-dflash %s on vLLM %s (%s) in %s[%d]: %s %s%s",
+        _plugin_version(),
+        vllm_version_str(),
+        platform_name(),
+        multiprocessing.current_process().name,
+        os.getpid(),
+        what,
+        ", ".join(applied) or "nothing",
+        f"; {len(deferred)} wait for their module's import" if deferred else "",
+    )
+
+
+def _logger():
+    from vllm_dflash.logger import init_logger
+
+    return init_logger("vllm_dflash")
 
 
 def failed() -> list[PatchResult]:

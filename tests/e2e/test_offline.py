@@ -58,15 +58,19 @@ def _check(run, baseline, ref):
 def test_patches_active_in_worker_process(offline, baseline):
     run = offline.run("dense", prefix_caching=True, max_num_batched_tokens=CHUNKED)
     assert run.ok, run.log[-4000:]
-    # register() ran in the spawned worker, not only in the parent.
-    worker_lines = [
-        line
-        for line in run.log.splitlines()
-        if re.search(r"vllm-dflash .* in VllmWorker[-\w]*\[\d+\]: applied ", line)
-    ]
-    assert worker_lines, "no vllm-dflash INFO line from a worker process"
-    assert "cpu_attn_exact_noncausal" in worker_lines[0]
-    assert "dflash_aux_layer_shift" in worker_lines[0]
+    # register() ran in the spawned worker, not only in the parent; worker-side
+    # patches were applied there when the worker imported their modules.
+    applied: dict[str, set[str]] = {}
+    for m in re.finditer(
+        r"vllm-dflash .* in ([\w-]+)\[\d+\]: .*?applied ([\w, ]+)", run.log
+    ):
+        applied.setdefault(m.group(1), set()).update(m.group(2).split(", "))
+    workers = {k: v for k, v in applied.items() if k.startswith("VllmWorker")}
+    assert workers, f"no vllm-dflash INFO line from a worker process: {applied}"
+    names = next(iter(workers.values()))
+    assert {"cpu_attn_exact_noncausal", "dflash_aux_layer_shift"} <= names, names
+    # ...and the parent, which runs no model, never imported the model runner.
+    assert "dflash_aux_layer_shift" not in applied.get("MainProcess", set())
     assert run.trace, "the trace hook (worker-side patch) wrote nothing"
 
 
@@ -105,8 +109,35 @@ def test_disabling_a_backport_breaks_equivalence(
     assert bad.token_rate <= good.token_rate - 0.3, (good, bad)
 
 
+# How each CPU defect shows when its patch is off: an error the engine dies
+# with (regex over the run's log), or drafts that no longer match the reference.
+DIVERGES = "drafts diverge"
+CPU_DEFECTS = {
+    "cpu_aux_hidden_state_layers": r"too many values to unpack",
+    "cpu_keep_dflash_weights": r"RuntimeError: .*(shape|size|mat1 and mat2)",
+    "cpu_rejection_sampler_args": r"TypeError: .*unexpected keyword argument",
+    "cpu_recovered_tokens_args": r"TypeError: .*USE_FP64_GUMBEL",
+    "cpu_dflash_input_expansion": r"(triton|Triton|next_power_of_2|active driver)",
+    "cpu_attn_kv_cache_update": r"AttributeError: .*do_kv_cache_update",
+    "cpu_attn_exact_noncausal": DIVERGES,
+}
+
+
+def test_cpu_defect_table_covers_every_cpu_patch():
+    from vllm_dflash.catalog import PATCHES
+    from vllm_dflash.registry import PatchKind
+
+    engine_patches = {
+        p.name for p in PATCHES if p.kind is PatchKind.CPU and p.name in CPU_PATCHES
+    }
+    assert engine_patches == set(CPU_DEFECTS)
+
+
 @pytest.mark.parametrize("patch", CPU_PATCHES)
 def test_each_cpu_patch_is_needed(offline, baseline, refs, patch):
+    """With the patch off, the run fails with *that* defect's error, or (for a
+    numerical defect) its drafts stop matching the reference; any other
+    failure (import error, timeout, OOM) fails this test."""
     skip_unless_needed(patch)
     if patch == "cpu_keep_dflash_weights":
         from vllm_dflash.cpu.weights import repacking_active
@@ -116,12 +147,19 @@ def test_each_cpu_patch_is_needed(offline, baseline, refs, patch):
                 "this CPU keeps linear weights (no oneDNN/SGL repacking): defect absent"
             )
     run = offline.run("dense", disable=(patch,), max_num_batched_tokens=CHUNKED)
-    if not run.ok:
-        return  # the engine cannot run DFlash on CPU without it
-    if run.data["outputs"] != baseline.data["outputs"]:
-        return  # diverged from the non-speculative output
-    stats = compare(refs["dense"], run.data, run.trace)
-    assert stats.token_rate < 0.9, f"{patch} disabled but drafts still exact: {stats}"
+    expected = CPU_DEFECTS[patch]
+    if expected == DIVERGES:
+        assert run.ok, run.log[-4000:]
+        assert run.data["outputs"] == baseline.data["outputs"]  # verification holds
+        stats = compare(refs["dense"], run.data, run.trace)
+        assert stats.token_rate < 0.9, (
+            f"{patch} disabled but drafts still exact: {stats}"
+        )
+    else:
+        assert not run.ok, f"{patch} disabled but the engine ran"
+        assert re.search(expected, run.log), (
+            f"{patch} disabled: expected /{expected}/, got:\n{run.log[-3000:]}"
+        )
 
 
 def _drafts_by_step(trace: list[dict]) -> dict[tuple[str, int], list[int]]:

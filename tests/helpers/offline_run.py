@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--prompts", help="JSON file: a list of token-id lists")
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
@@ -62,7 +63,11 @@ def main() -> None:
         block_size=16,
         **kwargs,
     )
-    ps = prompts(args.num_prompts)
+    if args.prompts:
+        with open(args.prompts) as fh:
+            ps = json.load(fh)
+    else:
+        ps = prompts(args.num_prompts)
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in ps],
         SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True),

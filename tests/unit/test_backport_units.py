@@ -25,8 +25,9 @@ def _speculators_dict() -> dict:
 def test_speculators_conversion_keeps_window_fields(isolated):
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
-    isolated(drafter.PATCH)
-    drafter.apply()
+    isolated(drafter.FIELDS_PATCH)
+    assert drafter.fields_probe() is True  # 0.20-0.23 drop the fields
+    drafter.fields_apply()
     cfg = SpeculatorsConfig.extract_transformers_pre_trained_config(_speculators_dict())
     assert cfg["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
     assert cfg["sliding_window"] == 2048 and cfg["use_sliding_window"] is True

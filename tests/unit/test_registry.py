@@ -164,7 +164,7 @@ def test_failed_patch_does_not_stop_vllm_but_refuses_dflash(monkeypatch):
     monkeypatch.setattr(registry, "_results", {})
     monkeypatch.setattr(registry, "_applied_pid", None)
     monkeypatch.setattr(registry, "is_supported_vllm", lambda: True)
-    res = registry.apply_all([_fake(apply=boom)])
+    res = registry.apply_all([_fake(apply=boom)], defer=False)
     assert res["fake_patch"].state is PatchState.FAILED
     with pytest.raises(PatchError, match="fake_patch.*moved upstream"):
         registry.raise_if_failed()

@@ -15,6 +15,7 @@ from vllm_dflash.config.layer_types import (
     DrafterConfigError,
     resolve_layer_types,
 )
+from vllm_dflash.registry import raise_if_failed
 
 
 def _get(cfg: Any, key: str, default: Any = None) -> Any:
@@ -147,6 +148,7 @@ def validate_vllm_config(vllm_config: Any) -> None:
     spec = vllm_config.speculative_config
     if spec is None or spec.method != "dflash" or spec.draft_model_config is None:
         return
+    raise_if_failed()  # a DFlash patch that could not apply: refuse, loudly
     target_cfg = vllm_config.model_config.hf_text_config
     validate_dflash(
         spec.draft_model_config.hf_config,

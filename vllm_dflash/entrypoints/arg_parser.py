@@ -96,6 +96,7 @@ def apply_validate() -> None:
         validate_vllm_config,
     )
     from vllm_dflash.config.layer_types import DrafterConfigError
+    from vllm_dflash.registry import PatchError
 
     if not is_patched(EngineArgs.create_engine_config, VALIDATE_NAME):
         stock_create = EngineArgs.create_engine_config
@@ -115,7 +116,7 @@ def apply_validate() -> None:
         def cmd(args) -> None:
             try:
                 stock_cmd(args)
-            except DrafterConfigError as e:
+            except (DrafterConfigError, PatchError) as e:
                 print(f"vllm serve: error: {e}", file=sys.stderr)
                 sys.exit(2)
 

@@ -12,6 +12,7 @@ The fc input is cast to the fc weight dtype (fp32 target features).
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
@@ -62,6 +63,7 @@ class DFlashDraftModel(DFlashQwen3ForCausalLM):
                 len(layer_types) - len(names),
             )
 
+    @override
     def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.model.use_aux_hidden_state and hidden_states.dtype != self._fc_dtype:
             hidden_states = hidden_states.to(self._fc_dtype)

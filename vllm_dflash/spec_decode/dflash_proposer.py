@@ -14,11 +14,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
+from typing_extensions import override
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
 from vllm_dflash.logger import init_logger
+from vllm_dflash.registry import raise_if_failed
 
 logger = init_logger(__name__)
 
@@ -34,12 +36,15 @@ class DFlashSWAProposer(DFlashProposer):
     # draft_attn_groups index -> metadata builder used for that group's sliding layers
     sliding_builders: Mapping[int, object] = MappingProxyType({})
 
+    @override
     def load_model(self, target_model) -> None:
+        raise_if_failed()  # a worker-side DFlash patch that could not apply
         super().load_model(target_model)
         self.sliding_attn_layer_names = frozenset(
             getattr(self.model, "sliding_attn_layer_names", frozenset())
         )
 
+    @override
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         super().initialize_attn_backend(kv_cache_config, kernel_block_sizes)
         for group in self.draft_attn_groups:
@@ -75,6 +80,7 @@ class DFlashSWAProposer(DFlashProposer):
                 )
         return builders
 
+    @override
     def build_per_group_and_layer_attn_metadata(
         self, cad: CommonAttentionMetadata, draft_index: int = 0
     ) -> tuple[list[object], dict[str, object]]:

@@ -1,5 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Install the #40898 drafter model class and proposer in vLLM."""
+"""Backport of vLLM PR #40898: DFlash drafters with sliding-window layers.
+
+Two patches, because two kinds of process need them: the drafter model class
+and the proposer (``dflash_sliding_window``, in workers) and the
+speculators-format config fields (``dflash_speculators_window_fields``, where
+vLLM parses the drafter config: the API server or the ``LLM`` process).
+"""
 
 from vllm_dflash.registry import (
     ALL_PLATFORMS,
@@ -12,6 +18,7 @@ from vllm_dflash.registry import (
 )
 
 NAME = "dflash_sliding_window"
+FIELDS_NAME = "dflash_speculators_window_fields"
 ARCH = "DFlashDraftModel"
 MODEL_CLS = "vllm_dflash.models.dflash_drafter:DFlashDraftModel"
 # Speculators-format drafters carry these at the top level; 0.20.x drops them.
@@ -45,35 +52,52 @@ def apply() -> None:
     from vllm import ModelRegistry
     from vllm.v1.worker import gpu_model_runner
 
+    from vllm_dflash.models.registry import register_model
     from vllm_dflash.spec_decode.dflash_proposer import DFlashSWAProposer
 
     if ARCH not in ModelRegistry.get_supported_archs():
         raise RuntimeError(f"vLLM has no {ARCH} architecture to replace")
-    module, cls = MODEL_CLS.split(":")
-    current = ModelRegistry.models[ARCH]
-    if getattr(current, "module_name", None) != module:
-        # Replacing vLLM's own entry is the point: drop it first so that
-        # register_model does not warn "already registered" on every start.
-        del ModelRegistry.models[ARCH]
-        ModelRegistry.register_model(ARCH, MODEL_CLS)
+    register_model(ARCH, MODEL_CLS)
 
+    replace_attr(gpu_model_runner, "DFlashProposer", DFlashSWAProposer, NAME)
+
+
+def fields_probe() -> bool:
+    """Does vLLM's speculators conversion drop ``layer_types``? (0.20-0.23: yes.)"""
+    from vllm.transformers_utils.configs.speculators import algos
+
+    converted: dict = {}
+    stock = algos.SUPPORTED_SPECULATORS_TYPES["dflash"]
+    stock = getattr(stock, "__wrapped_original__", stock)
+    stock(
+        config_dict={
+            "aux_hidden_state_layer_ids": [1],
+            "mask_token_id": 3,
+            "layer_types": ["sliding_attention"],
+            "sliding_window": 8,
+            "transformer_layer_config": {"num_hidden_layers": 1},
+        },
+        pre_trained_config=converted,
+    )
+    return "layer_types" not in converted
+
+
+def fields_apply() -> None:
     from vllm.transformers_utils.configs.speculators import algos
 
     stock = algos.SUPPORTED_SPECULATORS_TYPES["dflash"]
-    if not is_patched(stock, NAME):
+    if not is_patched(stock, FIELDS_NAME):
         wrapped = _keep_window_fields(stock)
-        wrapped.__vllm_dflash_patch__ = NAME
+        wrapped.__vllm_dflash_patch__ = FIELDS_NAME
         algos.SUPPORTED_SPECULATORS_TYPES["dflash"] = wrapped
-    replace_attr(gpu_model_runner, "DFlashProposer", DFlashSWAProposer, NAME)
 
 
 PATCH = Patch(
     name=NAME,
     kind=PatchKind.BACKPORT,
     targets=(
-        "vllm.model_executor.models.registry:ModelRegistry.models.DFlashDraftModel",
         "vllm.v1.worker.gpu_model_runner:DFlashProposer",
-        "vllm.transformers_utils.configs.speculators.algos:SUPPORTED_SPECULATORS_TYPES.dflash",
+        "vllm.model_executor.models.registry:ModelRegistry.models.DFlashDraftModel",
     ),
     summary=(
         "Drafter layer_types: sliding layers use window W with causal metadata and "
@@ -87,4 +111,23 @@ PATCH = Patch(
     probe=probe,
     apply=apply,
     future="Upstream to the V1 runner from patches/; drop when a release reads layer_types.",
+)
+
+
+FIELDS_PATCH = Patch(
+    name=FIELDS_NAME,
+    kind=PatchKind.BACKPORT,
+    targets=(
+        "vllm.transformers_utils.configs.speculators.algos:SUPPORTED_SPECULATORS_TYPES.dflash",
+    ),
+    summary="Speculators-format DFlash configs keep layer_types, sliding_window, "
+    "use_sliding_window and max_window_layers.",
+    why="0.20.x drops them when converting: a sliding-window drafter would load as "
+    "all full attention.",
+    upstream="vllm-project/vllm#40898 (closed unmerged)",
+    versions=V020,
+    platforms=ALL_PLATFORMS,
+    probe=fields_probe,
+    apply=fields_apply,
+    future="Upstream with #40898's V1 port.",
 )

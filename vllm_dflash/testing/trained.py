@@ -12,11 +12,14 @@ features differ) and two drafters trained to imitate it with
 Both read target layers (0, 1) (layer 0's large MLP makes its output differ
 from the embeddings, so reading one layer too early -- stock vLLM 0.20.x without
 #40727 -- hands the drafter features it was not trained on) and draft blocks of
-8 (k = 7). Built once and
-cached under ``VLLM_DFLASH_FIXTURES`` (or ~/.cache/vllm-dflash/fixtures), keyed
-by a fingerprint of every spec and training setting below.
+8 (k = 7). A checkout ships the three checkpoints in ``fixtures/trained/`` (about
+7 MB, with the fingerprint of every spec and training setting below), so tests
+and the demo do not spend ~7 minutes training them; when the fingerprint no
+longer matches (a setting changed), they are trained once and cached under
+``VLLM_DFLASH_FIXTURES`` (or ~/.cache/vllm-dflash/fixtures).
 
-Usage: ``python -m vllm_dflash.testing.trained [OUT_DIR]``.
+Usage: ``python -m vllm_dflash.testing.trained [OUT_DIR]`` trains into OUT_DIR
+(``--ship`` refreshes ``fixtures/trained/`` from a training run).
 """
 
 from __future__ import annotations
@@ -79,20 +82,41 @@ class TrainedModels:
         return json.loads((self.root / "build.json").read_text())
 
 
-def ensure_trained_models(cache_dir: Path | None = None, log=print) -> TrainedModels:
-    """Build the target and train both drafters once; return their paths."""
-    root = (cache_dir or default_cache_dir()) / (
-        "trained-"
-        + _fingerprint(
-            TRAINING_VERSION, TRAINED_TARGET, TRAINED_DENSE, TRAINED_SWA, TRAIN, DATA
-        )  # fmt: skip
+SHIPPED = Path(__file__).resolve().parents[2] / "fixtures" / "trained"
+
+
+def fingerprint() -> str:
+    return _fingerprint(
+        TRAINING_VERSION, TRAINED_TARGET, TRAINED_DENSE, TRAINED_SWA, TRAIN, DATA
     )
-    models = TrainedModels(
+
+
+def _models(root: Path) -> TrainedModels:
+    return TrainedModels(
         root=root,
         target=root / "target",
         dense=root / TRAINED_DENSE.name,
         swa=root / TRAINED_SWA.name,
     )
+
+
+def shipped_models() -> TrainedModels | None:
+    """The checkpoints shipped in the checkout, if they match these settings."""
+    stamp = SHIPPED / "fingerprint"
+    if stamp.exists() and stamp.read_text().strip() == fingerprint():
+        return _models(SHIPPED)
+    return None
+
+
+def ensure_trained_models(
+    cache_dir: Path | None = None, log=print, train: bool = False
+) -> TrainedModels:
+    """The shipped checkpoints, else build the target and train both drafters
+    once (``train=True``: always train, into ``cache_dir``); return their paths."""
+    if not train and (shipped := shipped_models()) is not None:
+        return shipped
+    models = _models((cache_dir or default_cache_dir()) / f"trained-{fingerprint()}")
+    root = models.root
     if (root / ".complete").exists():
         return models
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
@@ -120,11 +144,28 @@ def ensure_trained_models(cache_dir: Path | None = None, log=print) -> TrainedMo
     return models
 
 
+def ship(models: TrainedModels) -> None:
+    """Refresh fixtures/trained/ (weights, configs, tokenizer, training reports)."""
+    import shutil
+
+    if SHIPPED.exists():
+        shutil.rmtree(SHIPPED)
+    for src in (models.target, models.dense, models.swa):
+        shutil.copytree(src, SHIPPED / src.name)
+    shutil.copy(models.root / "build.json", SHIPPED / "build.json")
+    (SHIPPED / "fingerprint").write_text(fingerprint() + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", type=Path, default=None)
+    ap.add_argument(
+        "--ship", action="store_true", help="copy the trained checkpoints to fixtures/"
+    )
     args = ap.parse_args()
-    models = ensure_trained_models(args.out)
+    models = ensure_trained_models(args.out, train=True)
+    if args.ship:
+        ship(models)
     print(json.dumps({k: str(v) for k, v in models.__dict__.items()}, indent=1))
     for which in ("dense", "swa"):
         r = models.report(which)

@@ -19,7 +19,7 @@ def _doctor(args: argparse.Namespace) -> int:
         from vllm_dflash.compat import platform_name, vllm_version_str
         from vllm_dflash.registry import apply_all
 
-        results = apply_all(PATCHES)
+        results = apply_all(PATCHES, defer=False)
     report = {
         "vllm_dflash": __version__,
         "vllm": vllm_version_str(),

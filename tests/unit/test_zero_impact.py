@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Installing the plugin changes nothing for a vLLM user who does not run DFlash:
+no warning at start-up, and the API server does not import the model runner
+(worker-side patches wait for their module's import, in the worker)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from vllm_dflash import import_hooks
+
+FRONTEND = textwrap.dedent(
+    """
+    import logging, sys
+    import vllm.entrypoints.openai.api_server  # what `vllm serve` imports first
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()  # vLLM loads vllm-dflash here
+    from vllm_dflash import registry
+    states = {n: r.state.value for n, r in registry._results.items()}
+    print("RUNNER", "vllm.v1.worker.gpu_model_runner" in sys.modules)
+    print("AUX", states["dflash_aux_layer_shift"])
+    import vllm.v1.worker.gpu_model_runner as gmr  # what a worker does
+    from vllm_dflash.registry import is_patched
+    print("AFTER", registry._results["dflash_aux_layer_shift"].state.value,
+          is_patched(gmr.GPUModelRunner._get_eagle3_aux_layers_from_config,
+                     "dflash_aux_layer_shift"))
+    """
+)
+
+
+def test_frontend_does_not_import_the_model_runner():
+    proc = subprocess.run(
+        [sys.executable, "-c", FRONTEND], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    assert out["RUNNER"] == "False", "the plugin imported the model runner"
+    assert out["AUX"] == "deferred"
+    assert out["AFTER"] == "applied True"
+    for line in proc.stderr.splitlines():
+        assert "WARNING" not in line or "vllm_dflash" not in line, line
+    assert "already registered" not in proc.stderr
+
+
+def test_when_imported_runs_after_import_or_at_once(tmp_path, monkeypatch):
+    (tmp_path / "late_module_for_hook_test.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+
+    def callback() -> None:
+        seen.append(sys.modules["late_module_for_hook_test"].VALUE + 1)
+
+    assert import_hooks.when_imported("late_module_for_hook_test", callback) is False
+    assert seen == []
+    import late_module_for_hook_test  # noqa: F401
+
+    assert seen == [42]
+    assert import_hooks.when_imported("late_module_for_hook_test", callback) is True
+    assert seen == [42, 42]
+    monkeypatch.delitem(sys.modules, "late_module_for_hook_test")
