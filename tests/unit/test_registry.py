@@ -147,6 +147,7 @@ def test_doctor_reports_states_on_this_vllm():
         "cpu_aux_hidden_state_layers",
         "cpu_cli_distribution_name",
         "cli_speculative_config",
+        "cli_speculative_config_shell_split",
         "dflash_config_validation",
         "cpu_rejection_sampler_args",
         "cpu_dflash_input_expansion",

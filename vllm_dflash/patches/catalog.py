@@ -14,7 +14,7 @@ from vllm_dflash.cpu import (
     runner,
     weights,
 )
-from vllm_dflash.patches import aux_layers, capture, cli, drafter
+from vllm_dflash.patches import aux_layers, capture, cli, drafter, spec_config_argv
 from vllm_dflash.patches.registry import Patch, PatchState
 
 V020 = ">=0.20.0,<0.24.0"
@@ -201,6 +201,7 @@ PATCHES: tuple[Patch, ...] = (
         apply=cli.apply_arg,
         future="Propose the lenient parser upstream.",
     ),
+    spec_config_argv.PATCH,
     Patch(
         name=capture.PATCH,
         kind="fix",
