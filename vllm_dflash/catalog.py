@@ -15,7 +15,7 @@ from vllm_dflash.cpu import (
     runner,
     weights,
 )
-from vllm_dflash.entrypoints import arg_parser
+from vllm_dflash.entrypoints import arg_parser, argv_rebuild
 from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
@@ -38,6 +38,7 @@ PATCHES: tuple[Patch, ...] = (
     attention.NONCAUSAL_PATCH,
     dist_name.PATCH,
     arg_parser.ARG_PATCH,
+    argv_rebuild.PATCH,
     tp_graph_replay.PATCH,
     arg_parser.VALIDATE_PATCH,
     trace.PATCH,

@@ -4,7 +4,7 @@
     python -m vllm_dflash.docs              # print both blocks
     python -m vllm_dflash.docs --write      # rewrite them in README.md
 
-* patch table: from the patch registry (vllm_dflash/patches/catalog.py);
+* patch table: from the patch registry (vllm_dflash/catalog.py);
 * version matrix (docs/compatibility.md): expected patch state per vLLM
   version, from ci/matrix.toml (source checkout only).
 """

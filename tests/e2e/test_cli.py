@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,41 @@ def test_vllm_command_runs_on_the_cpu_wheel():
     env = {**_env(), "VLLM_DFLASH_DISABLE": "cpu_cli_distribution_name"}
     bad = subprocess.run([*VLLM, "--version"], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "PackageNotFoundError" in bad.stderr
+
+
+def test_shell_split_config_in_other_entry_points():
+    """cli_speculative_config_shell_split in `python -m ...api_server` (word-split JSON)
+    and `vllm bench` (brace-expanded JSON), each started through bash as typed.
+    `vllm serve` is covered by tests/e2e/test_server.py. The model does not exist:
+    each command stops right after vLLM has parsed argv."""
+    py = shlex.quote(sys.executable)
+    lines = {
+        "api_server": f"exec {py} -m vllm.entrypoints.openai.api_server "
+        "--model /nonexistent/target --port 1 "
+        '--speculative-config {"method": "dflash", "model": "/d", "num_speculative_tokens": 4}',
+        "bench": f"exec {py} -m vllm.entrypoints.cli.main bench latency "
+        '--model /nonexistent/target -sc {"method":"dflash","model":"/d","num_speculative_tokens":4} '
+        "--num-iters 1",
+    }
+    env = {**_env(), "HF_HUB_OFFLINE": "1"}
+    procs = {
+        name: subprocess.Popen(
+            ["bash", "-c", line],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        for name, line in lines.items()
+    }
+    want = (
+        'rebuilt it as {"method": "dflash", "model": "/d", "num_speculative_tokens": 4}'
+    )
+    outs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
+    for name, out in outs.items():
+        assert procs[name].returncode != 2, f"{name}: argv rejected\n{out[-3000:]}"
+        assert "arrived taken apart by a shell" in out and want in out, out[-3000:]
+    # vLLM's own echo of the parsed arguments.
+    assert (
+        "'speculative_config': {'method': 'dflash', 'model': '/d'" in outs["api_server"]
+    )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -62,11 +63,18 @@ def _unexpected_tracebacks(log: str) -> list[str]:
 
 
 def _serve_and_query(
-    model: str, extra: list[str], tmp_path, tag: str, bench: bool = False
+    model: str,
+    tmp_path,
+    tag: str,
+    bench: bool = False,
+    shell_args: str = "",
+    env: dict[str, str] | None = None,
 ) -> dict:
     from openai import OpenAI
 
-    srv = VllmServer(model, COMMON + extra, log_path=tmp_path / f"{tag}.log")
+    srv = VllmServer(
+        model, COMMON, env=env, log_path=tmp_path / f"{tag}.log", shell_args=shell_args
+    )
     with srv:
         client = OpenAI(base_url=srv.base_url + "/v1", api_key="none")
 
@@ -92,6 +100,7 @@ def _serve_and_query(
         ]
         metrics = srv.metrics()
         bench_result = _bench(srv.base_url, model, tmp_path) if bench else None
+        metrics_end = srv.metrics()
     rc = srv.proc.returncode
     log = srv.log_path.read_text(errors="replace")
     return {
@@ -99,19 +108,73 @@ def _serve_and_query(
         "chats": chats,
         "metrics": metrics,
         "bench": bench_result,
+        "metrics_end": metrics_end,
         "rc": rc,
         "log": log,
     }
 
 
+def _check_trace_against_metrics(records: list[dict], metrics: dict, k: int) -> None:
+    """The scheduler's spec-decode counters against the drafter's own trace.
+
+    Per request, drafting step t (``num_tokens`` n_t, drafts d_t) is verified by
+    the next step, which starts at n_{t+1} = n_t + a_t + 1: a_t drafts accepted
+    plus the target's token. Greedy: the accepted tokens are d_t[:a_t] and the
+    target's token differs from d_t[a_t]. The last step of a request is never
+    verified. So /metrics must count sum(steps - 1) drafts, k tokens each, and
+    sum(a_t) accepted tokens, the per-position counts included.
+    """
+    by_req: dict[str, list[dict]] = {}
+    for r in records:
+        by_req.setdefault(r["request_id"], []).append(r)
+    drafts = accepted = 0
+    per_pos = [0] * k
+    for steps in by_req.values():
+        for cur, nxt in zip(steps[:-1], steps[1:], strict=True):
+            a = nxt["num_tokens"] - cur["num_tokens"] - 1
+            assert 0 <= a <= k, (cur, nxt)
+            # The newest a+1 committed tokens, as far as last_token_ids shows them.
+            shown = nxt["last_token_ids"][-(a + 1) :]
+            new = [None] * (a + 1 - len(shown)) + shown
+            draft = cur["draft_token_ids"]
+            assert all(
+                t is None or t == d for t, d in zip(new[:a], draft[:a], strict=True)
+            ), (cur, nxt)
+            assert a == k or new[a] != draft[a], (cur, nxt)  # first rejected draft
+            drafts += 1
+            accepted += a
+            for i in range(a):
+                per_pos[i] += 1
+    assert metrics["vllm:spec_decode_num_drafts"] == drafts
+    assert metrics["vllm:spec_decode_num_draft_tokens"] == k * drafts
+    assert metrics["vllm:spec_decode_num_accepted_tokens"] == accepted
+    got = [
+        metrics.get(f"vllm:spec_decode_num_accepted_tokens_per_pos[{i}]", 0)
+        for i in range(k)
+    ]
+    assert got == per_pos, (got, per_pos)
+
+
 def test_serve_dflash_is_lossless(tiny_models, tmp_path):
     model = str(tiny_models.target)
-    base = _serve_and_query(model, [], tmp_path, "base")
-    # Exactly what arrives when a shell or ssh strips the JSON quotes.
-    stripped = f"{{method:dflash,model:{tiny_models.swa},num_speculative_tokens:4}}"
+    base = _serve_and_query(model, tmp_path, "base")
+    # The field's command line as bash gets it once ssh has dropped the quotes:
+    # bash splits the JSON at its spaces; the plugin rebuilds it.
+    drafter = str(tiny_models.swa)
+    assert shlex.quote(drafter) == drafter
+    cfg = {"method": "dflash", "model": drafter, "num_speculative_tokens": 4}
+    seed = "--speculative-config " + json.dumps(cfg)  # '{"method": "dflash", ...}'
+    trace = tmp_path / "trace.jsonl"
     spec = _serve_and_query(
-        model, ["--speculative-config", stripped], tmp_path, "dflash", bench=True
+        model,
+        tmp_path,
+        "dflash",
+        bench=True,
+        shell_args=seed,
+        env={"VLLM_DFLASH_TRACE": str(trace)},
     )
+    assert "--speculative-config arrived taken apart by a shell" in spec["log"]
+    assert f"rebuilt it as {json.dumps(cfg)}" in spec["log"]
     # Random tiny weights: some outputs may decode to special tokens only.
     assert sum(bool(c) for c in base["completions"] + base["chats"]) >= 6
     assert spec["completions"] == base["completions"]
@@ -119,12 +182,13 @@ def test_serve_dflash_is_lossless(tiny_models, tmp_path):
     assert spec["metrics"].get("vllm:spec_decode_num_drafts", 0) > 0, spec["metrics"]
     assert acceptance_length(spec["metrics"]) is not None
     b = spec["bench"]
-    assert (
-        b["requests"] == 12 and b["output_tokens"] >= 11 * 16
-    )  # one prompt stops (also without DFlash)
+    # --ignore-eos: every request generates exactly --max-tokens.
+    assert b["requests"] == 12 and b["output_tokens"] == 12 * 16, b["per_request"]
+    assert {r["finish_reason"] for r in b["per_request"]} == {"length"}
     assert b["output_tokens_per_s"] > 0 and b["ttft_s"]["p50"] > 0
     assert b["spec_decode"]["drafts"] > 0  # /metrics delta over the bench only
-    assert b["spec_decode"]["acceptance_length"] >= 1.0
+    records = [json.loads(x) for x in trace.read_text().splitlines()]
+    _check_trace_against_metrics(records, spec["metrics_end"], k=4)
     for r in (base, spec):
         assert r["rc"] == 0, r["log"][-3000:]  # stopped cleanly on SIGINT
         assert not _unexpected_tracebacks(r["log"]), _unexpected_tracebacks(r["log"])[0]

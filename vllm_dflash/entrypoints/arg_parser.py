@@ -52,8 +52,9 @@ def improve_parser(parser) -> None:
         raise RuntimeError("vLLM's parser has no --speculative-config")
     action.type = optional_type(parse_speculative_config)
     action.help = (
-        "Speculative decoding config: JSON, JSON with its quotes stripped by a shell, "
-        "a YAML flow mapping, @file or a .json/.yaml path. "
+        "Speculative decoding config: quoted JSON, @file or a .json/.yaml path, or "
+        "vLLM's dotted form (--speculative-config.method dflash ...); JSON whose "
+        "quotes a shell stripped and YAML flow mappings are read too. "
         f"Example (DFlash): {EXAMPLE}"
     )
     for group in parser._action_groups:

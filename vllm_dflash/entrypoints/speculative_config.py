@@ -1,10 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Parsing of ``--speculative-config`` values that survive shells and ssh.
 
-Accepted: strict JSON; the same with its quotes stripped by a shell
+Accepted values: strict JSON; the same with its quotes stripped by a shell
 (``{method:dflash,model:/m/d,num_speculative_tokens:15}``); YAML flow mappings
 (``{method: dflash, model: /m/d}``); ``@path`` or a path ending in ``.json``,
 ``.yaml`` or ``.yml``. YAML is parsed with ``yaml.safe_load`` only.
+
+:func:`rebuild_split_config` repairs argv in which bash already took such a
+value apart (word splitting at spaces, brace expansion at commas); see
+``vllm_dflash/entrypoints/argv_rebuild.py`` for where it runs.
+
+Error messages recommend only forms that reach vLLM unchanged through bash and
+ssh as typed: vLLM's dotted form, a file, or quoted JSON.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +35,22 @@ HELP_LINE = (
 _FILE_SUFFIXES = (".json", ".yaml", ".yml")
 
 
+# Forms that bash and ssh pass through unchanged (no braces, commas or spaces
+# left for a shell to take apart, or quoted once).
+HOW_TO_FIX = (
+    "If a shell or ssh stripped the quotes, use vLLM's dotted form "
+    "(--speculative-config.method dflash --speculative-config.model /path/to/drafter "
+    "--speculative-config.num_speculative_tokens 15), a file (-sc @spec.json or "
+    "-sc spec.yaml), or quoted JSON; example: " + EXAMPLE
+)
+
+
 class SpecConfigParseError(argparse.ArgumentTypeError):
     pass
 
 
 def _error(value: str, why: str) -> SpecConfigParseError:
-    return SpecConfigParseError(
-        f"cannot parse {value!r} ({why}). If a shell or ssh stripped the quotes, "
-        "write it as {method:dflash,model:/path/to/drafter,num_speculative_tokens:15} "
-        f"or put it in a .json/.yaml file; example: {EXAMPLE}"
-    )
+    return SpecConfigParseError(f"cannot parse {value!r} ({why}). {HOW_TO_FIX}")
 
 
 def _scalar(text: str) -> Any:
@@ -136,5 +151,156 @@ def parse_speculative_config(value: str) -> dict:
         except ValueError as e:
             raise _error(value, str(e)) from e
     if not isinstance(data, dict):
-        raise _error(value, "expected a mapping such as {method:dflash,...}")
+        raise _error(value, "expected a mapping (JSON object) of fields")
     return data
+
+
+# --- argv that a shell already took apart -------------------------------------
+
+FLAGS = ("--speculative-config", "--speculative_config", "-sc")
+
+
+class ShellSplitError(ValueError):
+    """The words after --speculative-config cannot be put back together."""
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    flag: str
+    words: tuple[str, ...]  # the flag and its value, as the shell delivered them
+    config: dict[str, Any]
+
+
+def _depth(text: str) -> int:
+    return sum(text.count(c) for c in "{[") - sum(text.count(c) for c in "}]")
+
+
+def _is_option(word: str) -> bool:
+    """``--x`` or ``-x`` (a negative number such as ``-1}`` is a value)."""
+    return word.startswith("--") or (
+        len(word) > 1 and word[0] == "-" and word[1].isalpha()
+    )
+
+
+def _field_item(word: str, fields: Collection[str]) -> bool:
+    key, sep, _ = word.partition(":")
+    return bool(sep) and key in fields
+
+
+def _from_expanded(words: Sequence[str]) -> dict[str, Any]:
+    """Invert bash brace expansion of quote-stripped JSON.
+
+    ``{"a":1,"b":{"c":2,"d":[3,4]}}`` reaches argv as ``a:1 b:c:2 b:d:[3 b:4]``:
+    each top-level entry is a word, a nested mapping repeats its key as a prefix
+    (keys are unique in a mapping, so a repeated key means nesting) and the
+    commas of a list split it into words.
+    """
+    groups: list[tuple[str, list[str]]] = []
+    for word in words:
+        if groups and word.startswith(groups[-1][0] + ":"):
+            groups[-1][1].append(word[len(groups[-1][0]) + 1 :])
+        elif groups and len(groups[-1][1]) == 1 and _depth(groups[-1][1][0]) > 0:
+            groups[-1][1][0] += "," + word  # the rest of a list (or mapping)
+        else:
+            key, sep, rest = word.partition(":")
+            if not sep or not key.strip():
+                raise ShellSplitError(f"word {word!r} is not key:value")
+            groups.append((key, [rest]))
+    out: dict[str, Any] = {}
+    for key, rests in groups:
+        if len(rests) > 1:
+            out[key] = _from_expanded(rests)
+            continue
+        if _depth(rests[0]) != 0:
+            raise ShellSplitError(f"unbalanced brackets in {key}:{rests[0]}")
+        try:
+            out[key] = _unquoted(rests[0])
+        except ValueError as e:
+            raise ShellSplitError(f"{key}:{rests[0]}: {e}") from e
+    return out
+
+
+def _split_value(
+    argv: Sequence[str],
+    j: int,
+    first: str,
+    flag: str,
+    prefix: str,
+    fields: Collection[str],
+) -> tuple[int, dict[str, Any]] | None:
+    """How many argv words from ``j`` on continue the value that begins with
+    ``first``, and its mapping; None if ``first`` is not a mangled mapping.
+    ``prefix`` is what bash repeated on every word (``--speculative-config=``)."""
+    words = [first]
+    if first.startswith("{") and _depth(first) > 0:
+        # Word splitting: '{method: dflash, ...}' -> '{method:' 'dflash,' ...
+        while _depth(" ".join(words)) > 0:
+            if j + len(words) - 1 >= len(argv) or _is_option(argv[j + len(words) - 1]):
+                n = j + len(words) - 1
+                stop = f"the next word is {argv[n]!r}" if n < len(argv) else "argv ends"
+                raise ShellSplitError(
+                    f"value {' '.join(words)!r} opens more braces than it closes "
+                    f"and {stop}"
+                )
+            words.append(argv[j + len(words) - 1])
+        try:
+            return len(words) - 1, parse_speculative_config(" ".join(words))
+        except SpecConfigParseError as e:
+            raise ShellSplitError(str(e).split(". If a shell")[0]) from e
+    if not _field_item(first, fields):
+        return None
+    # Brace expansion: '{"method":"dflash","model":"/m"}' -> 'method:dflash' 'model:/m'.
+    for word in argv[j:]:
+        if not word.startswith(prefix):
+            break
+        word = word[len(prefix) :]
+        if _depth(",".join(words)) > 0:  # the rest of a list split at its commas
+            if _is_option(word):
+                break
+        elif not _field_item(word, fields):
+            break
+        words.append(word)
+    return len(words) - 1, _from_expanded(words)
+
+
+def rebuild_split_config(
+    argv: Sequence[str], fields: Collection[str]
+) -> tuple[list[str], list[Rebuilt]]:
+    """Put a ``--speculative-config`` value that bash took apart back into one word.
+
+    ``fields`` are the names of vLLM's SpeculativeConfig fields: after a
+    brace-expanded ``key:value`` word only further ``field:value`` words (and the
+    rest of an open list) are taken, so an option or the model tag is never
+    swallowed; a word-split ``{...`` value takes words until its braces close and
+    never an option. Returns the new argv (the value as strict JSON) and what
+    was rebuilt; raises :class:`ShellSplitError` (one line) if the words do not
+    form a mapping.
+    """
+    out: list[str] = []
+    rebuilt: list[Rebuilt] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        flag, eq, inline = word.partition("=")
+        if flag not in FLAGS or (not eq and i + 1 >= len(argv)):
+            out.append(word)
+            i += 1
+            continue
+        # '--speculative-config={"a":1,"b":2}' expands to '--speculative-config=a:1'
+        # '--speculative-config=b:2': every continuation word carries the prefix.
+        first, j, prefix = (
+            (inline, i + 1, flag + "=") if eq else (argv[i + 1], i + 2, "")
+        )
+        try:
+            found = _split_value(argv, j, first, flag, prefix, fields)
+        except ShellSplitError as e:
+            raise ShellSplitError(f"argument {flag}: {e}. {HOW_TO_FIX}") from e
+        if found is None:
+            out.append(word)
+            i += 1
+            continue
+        more, config = found
+        out += [flag, json.dumps(config)]
+        rebuilt.append(Rebuilt(flag, tuple(argv[i : j + more]), config))
+        i = j + more
+    return out, rebuilt

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -34,13 +35,18 @@ class VllmServer:
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
         startup_timeout: float = 600.0,
+        shell_args: str = "",
     ) -> None:
+        """``shell_args``: text appended to the command line unquoted and run
+        through ``bash -c``, so bash splits and expands it as it would a typed
+        (or ssh-forwarded) line."""
         self.model = model
         self.port = free_port()
         self.extra_args = extra_args or []
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
         self.log_path = log_path or Path(f"/tmp/vllm-dflash-serve-{self.port}.log")
         self.startup_timeout = startup_timeout
+        self.shell_args = shell_args
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -53,6 +59,8 @@ class VllmServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             *self.extra_args,
         ]  # fmt: skip
+        if self.shell_args:
+            cmd = ["bash", "-c", f"exec {shlex.join(cmd)} {self.shell_args}"]
         self._log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,

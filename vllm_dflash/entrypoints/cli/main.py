@@ -87,7 +87,12 @@ def _bench(args: argparse.Namespace) -> int:
         prompts = (prompts * (args.num_prompts // len(prompts) + 1))[: args.num_prompts]
     try:
         result = run_bench(
-            args.base_url, args.model, prompts, args.concurrency, args.max_tokens
+            args.base_url,
+            args.model,
+            prompts,
+            args.concurrency,
+            args.max_tokens,
+            ignore_eos=args.ignore_eos,
         )
     except OSError as e:
         print(
