@@ -3,7 +3,7 @@ import pytest
 
 from vllm_dflash.entrypoints.cli.inspect_drafter import inspect_drafter
 from vllm_dflash.entrypoints.cli.main import main
-from vllm_dflash.entrypoints.cli.metrics import acceptance_length, parse_spec_decode
+from vllm_dflash.testing.metrics import acceptance_length, parse_spec_decode
 
 
 def test_inspect_swa_fixture(tiny_models):

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_dflash.entrypoints.cli.metrics import acceptance_length, delta
+from vllm_dflash.testing.metrics import acceptance_length, delta
 from vllm_dflash.testing.server import VllmServer, speculative_config_arg
 
 SERVE_ARGS = [

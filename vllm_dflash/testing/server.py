@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from vllm_dflash.entrypoints.cli.metrics import acceptance_length, fetch_spec_decode
+from vllm_dflash.testing.metrics import acceptance_length, fetch_spec_decode
 
 __all__ = ["VllmServer", "acceptance_length", "free_port", "speculative_config_arg"]
 

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import json
 import sys
-from pathlib import Path
 
 from vllm_dflash.version import __version__
 
@@ -71,42 +70,6 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from vllm_dflash.entrypoints.cli.bench import (
-        format_summary,
-        load_prompts,
-        run_bench,
-    )
-
-    try:
-        prompts = load_prompts(args.prompts)
-    except (OSError, ValueError) as e:
-        print(f"vllm-dflash bench: error: {e}", file=sys.stderr)
-        return 2
-    if args.num_prompts:
-        prompts = (prompts * (args.num_prompts // len(prompts) + 1))[: args.num_prompts]
-    try:
-        result = run_bench(
-            args.base_url,
-            args.model,
-            prompts,
-            args.concurrency,
-            args.max_tokens,
-            ignore_eos=args.ignore_eos,
-        )
-    except OSError as e:
-        print(
-            f"vllm-dflash bench: error: cannot reach {args.base_url}: {e}",
-            file=sys.stderr,
-        )
-        return 2
-    print(format_summary(result))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="vllm-dflash", description="DFlash speculative decoding for vLLM 0.20.x"
@@ -125,31 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ins.add_argument("--target", help="local target directory to validate against")
     ins.add_argument("--json", action="store_true")
-    bench = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server")
-    bench.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
-    bench.add_argument("--model", required=True, help="served model name")
-    bench.add_argument(
-        "--prompts",
-        required=True,
-        type=Path,
-        help="JSONL: {prompt|messages[, max_tokens]}",
-    )
-    bench.add_argument("--concurrency", type=int, default=1)
-    bench.add_argument("--max-tokens", type=int, default=128)
-    bench.add_argument(
-        "--num-prompts", type=int, default=0, help="repeat/cut the file to N requests"
-    )
-    bench.add_argument(
-        "--ignore-eos", action="store_true", help="always generate max tokens"
-    )
-    bench.add_argument("--out", type=Path, help="write the JSON result here")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "inspect":
         return _inspect(args)
-    if args.command == "bench":
-        return _bench(args)
     parser.print_help()
     return 0
 
