@@ -35,12 +35,12 @@ def _wanted_runs() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def checks() -> list[dict]:
+def checks(tmp_path_factory) -> list[dict]:
     if _gpus() == 0:
         pytest.skip("needs an NVIDIA GPU")
     from benchmarks.gpu.gpu_check import RUNS
 
-    out = Path(ROOT / ".pytest_cache" / "gpu_check")
+    out = tmp_path_factory.mktemp("gpu_check")  # never an earlier run's report
     wanted = _wanted_runs()
     unknown = sorted(set(wanted) - {r.name for r in RUNS})
     assert not unknown, f"GPU_CHECK_RUNS names unknown runs: {unknown}"
@@ -49,10 +49,12 @@ def checks() -> list[dict]:
     ]
     cmd = [sys.executable, str(ROOT / "benchmarks/gpu/gpu_check.py"), "--out", str(out),
            "--budget", "2100", "--models", str(out / "models"), "--runs", ",".join(runs)]  # fmt: skip
-    subprocess.run(
-        cmd, timeout=2400
-    )  # exit status 1 = some check failed: asserted below
-    return json.loads((out / "gpu_check.json").read_text())["checks"]
+    rc = subprocess.run(cmd, timeout=2400).returncode
+    # 0: every check passed; 1: some failed (asserted per kind below); else it crashed
+    assert rc in (0, 1), f"gpu_check.py crashed (exit status {rc})"
+    report = out / "gpu_check.json"
+    assert report.exists(), "gpu_check.py wrote no report"
+    return json.loads(report.read_text())["checks"]
 
 
 @pytest.mark.parametrize(

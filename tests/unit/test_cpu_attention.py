@@ -174,3 +174,17 @@ def test_context_kv_insert_reads_back_like_reshape_and_cache():
     got = _run(impl, md, kv_cache, reqs)  # one query: attends to all 10 keys
     err = (got.double() - _want(reqs, q_pos, causal=True)).abs().max().item()
     assert err < 1e-4, err
+
+
+def test_noncausal_probe_asks_the_kernel(monkeypatch):
+    """The probe measures vLLM's attention: wrong stock kernel -> needed; a vLLM
+    whose non-causal path is exact (here: the patched one) -> not needed."""
+    assert cpu_attention.noncausal_error() > 1e-2
+    assert cpu_attention.probe_noncausal() is True
+    exact = (
+        cpu_attn.CPUAttentionMetadataBuilder.build,
+        cpu_attn.CPUAttentionBackendImpl.forward,
+    )
+    assert cpu_attention.noncausal_error(*exact) < 1e-4
+    monkeypatch.setattr(cpu_attention, "original", lambda obj: obj)  # "upstream fixed"
+    assert cpu_attention.probe_noncausal() is False

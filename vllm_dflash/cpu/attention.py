@@ -127,11 +127,63 @@ def expand_noncausal_rows(cad):
     )
 
 
-def probe_noncausal() -> bool:
-    # No upstream 0.20-0.23 release fixes the kernel; the version range gates it.
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadataBuilder
+def noncausal_error(build=None, forward=None) -> float:
+    """Max error of CPU attention for a DFlash-shaped non-causal block.
 
-    return not getattr(CPUAttentionMetadataBuilder, "supports_exact_noncausal", False)
+    One request with 20 context keys already in the cache (two blocks) and a
+    5-token query block; every query token must see all 25 keys. ``build``/``forward``
+    default to vLLM's unpatched metadata builder and attention forward.
+    """
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends import cpu_attn
+
+    build = build or original(cpu_attn.CPUAttentionMetadataBuilder.build)
+    forward = forward or original(cpu_attn.CPUAttentionBackendImpl.forward)
+    heads, kv_heads, head, block, ctx, q_len = 2, 1, 32, 16, 20, 5
+    g = torch.Generator().manual_seed(0)
+    shape = cpu_attn.CPUAttentionBackend.get_kv_cache_shape(3, block, kv_heads, head)
+    kv_cache = torch.zeros(shape)
+    table = torch.tensor([[2, 1]], dtype=torch.int32)  # a non-trivial block table
+    slots = (table[0, torch.arange(ctx + q_len) // block].long() * block) + (
+        torch.arange(ctx + q_len) % block
+    )
+    k, v = (torch.randn(ctx + q_len, kv_heads, head, generator=g) for _ in range(2))
+    q = torch.randn(q_len, heads, head, generator=g)
+    key_cache, value_cache, _, _ = split_kv_cache(kv_cache)
+    from vllm import _custom_ops as ops
+
+    isa = get_isa(torch.float32, block, head, "auto")
+    ops.cpu_attn_reshape_and_cache(
+        k[:ctx], v[:ctx], key_cache, value_cache, slots[:ctx], isa
+    )
+    qsl = torch.tensor([0, q_len], dtype=torch.int32)
+    cad = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl,
+        seq_lens=torch.tensor([ctx + q_len], dtype=torch.int32), num_reqs=1,
+        num_actual_tokens=q_len, max_query_len=q_len, max_seq_len=ctx + q_len,
+        block_table_tensor=table, slot_mapping=slots[ctx:], causal=False,
+    )  # fmt: skip
+    builder = object.__new__(cpu_attn.CPUAttentionMetadataBuilder)
+    builder.__dict__.update(
+        use_sdpa_prefill=False, reorder_batch_threshold=None, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head, dtype=torch.float32, window_size=-1,
+        block_size=block, isa=isa, is_cross_attention=False,
+    )  # fmt: skip
+    impl = cpu_attn.CPUAttentionBackendImpl(
+        heads, head, head**-0.5, kv_heads, None, None, "auto"
+    )
+    out = torch.zeros_like(q)
+    forward(impl, None, q, k[ctx:], v[ctx:], kv_cache, build(builder, 0, cad), out)
+    kk = k.double().repeat_interleave(heads // kv_heads, 1)
+    vv = v.double().repeat_interleave(heads // kv_heads, 1)
+    p = (torch.einsum("qhd,khd->hqk", q.double(), kk) * head**-0.5).softmax(-1)
+    want = torch.einsum("hqk,khd->qhd", p, vv)
+    return (out.double() - want).abs().max().item()
+
+
+def probe_noncausal() -> bool:
+    """Ask vLLM's CPU attention for a non-causal block over a cached prefix."""
+    return noncausal_error() > 1e-3
 
 
 def apply_noncausal() -> None:
