@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Matrix smoke for whichever vLLM runs these tests (ci/matrix.py runs it per
 version): the plugin loads, ``vllm-dflash doctor --json`` reports exactly the
-states ci/matrix.toml expects, and one DFlash run is lossless with drafts equal
-to the float64 reference (so a fix already upstream is not applied twice)."""
+states ci/matrix.toml expects, and one DFlash run is lossless (its output is the
+float64 target's greedy continuation) with drafts equal to the float64 reference
+(so a fix already upstream is not applied twice)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import pytest
 
 from ci.matrix import expected_states, load_matrix
-from tests.helpers.equivalence import compare
+from tests.helpers.equivalence import compare, greedy_divergences
 from tests.helpers.reference import Reference
 
 pytestmark = pytest.mark.cpu_e2e
@@ -47,13 +48,14 @@ def test_doctor_states_match_matrix(doctor):
 
 
 def test_dense_lossless_and_reference_equal(offline, tiny_models):
-    baseline = offline.run(None)
-    assert baseline.ok, baseline.log[-4000:]
+    """One DFlash run: its greedy output is the float64 target's own greedy
+    continuation (lossless without a second engine start; near-ties below 1% of
+    the logit range excused) and its drafts equal the float64 reference."""
     run = offline.run("dense")
     assert run.ok, run.log[-4000:]
-    assert run.data["outputs"] == baseline.data["outputs"], "DFlash changed output"
-    stats = compare(
-        Reference.load(tiny_models.target, tiny_models.dense), run.data, run.trace
-    )
+    ref = Reference.load(tiny_models.target, tiny_models.dense)
+    div = greedy_divergences(ref, run.data["prompts"], run.data["outputs"])
+    assert all(d["gap_rel_range"] < 0.01 for d in div), div
+    stats = compare(ref, run.data, run.trace)
     assert stats.drafts >= 200, stats
     assert stats.token_rate >= 0.99, stats
