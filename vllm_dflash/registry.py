@@ -293,14 +293,18 @@ def is_patched(obj: Any, patch_name: str) -> bool:
 
 def code_reads(obj: Any, name: str) -> bool:
     """Whether the compiled code of ``obj`` (a function, a class's functions, or
-    a module's classes and functions) reads ``name``: as an attribute or global,
-    or as the exact string given to ``getattr``. Comments and docstrings do not
-    count and no source files are needed (probes must not read source text).
+    a module's classes and functions) uses ``name``: as an attribute or global,
+    as a keyword argument in a call, or as the exact string given to
+    ``getattr``. Comments and docstrings do not count and no source files are
+    needed (probes must not read source text).
     """
 
     def walk(code: types.CodeType) -> bool:
-        if name in code.co_names or name in code.co_consts[1:]:
+        if name in code.co_names:
             return True
+        for const in code.co_consts[1:]:  # [0] may be the docstring
+            if const == name or (isinstance(const, tuple) and name in const):
+                return True  # getattr(x, "name") / f(..., name=...)
         return any(isinstance(c, types.CodeType) and walk(c) for c in code.co_consts)
 
     if inspect.ismodule(obj):
