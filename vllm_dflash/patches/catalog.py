@@ -10,6 +10,7 @@ from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
     dist_name,
+    gdn,
     rejection,
     runner,
     weights,
@@ -137,6 +138,7 @@ PATCHES: tuple[Patch, ...] = (
         apply=dflash_inputs.apply,
         future="Send upstream into vllm/utils/cpu_triton_utils.py.",
     ),
+    *gdn.PATCH_RECORDS,
     Patch(
         name=attention.PATCH_KV_UPDATE,
         kind="cpu",
