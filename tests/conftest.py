@@ -74,6 +74,7 @@ class OfflineRunner:
         pythonpath: str | None = None,
         timeout: float = 900,
         tp: int = 1,
+        extra_args: tuple[str, ...] = (),
     ) -> RunResult:
         key = (
             drafter,
@@ -83,6 +84,7 @@ class OfflineRunner:
             k,
             pythonpath,
             tp,
+            extra_args,
         )
         if key in self._cache:
             return self._cache[key]
@@ -103,6 +105,7 @@ class OfflineRunner:
             cmd += ["--drafter", str(getattr(self.models, drafter))]
         if prefix_caching:
             cmd.append("--prefix-caching")
+        cmd += list(extra_args)
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
         env = {

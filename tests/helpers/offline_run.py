@@ -29,6 +29,12 @@ def main() -> None:
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    ap.add_argument(
+        "--mm-limit",
+        type=int,
+        default=None,
+        help="multimodal targets: limit_mm_per_prompt images (videos: 0)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -47,6 +53,8 @@ def main() -> None:
         kwargs["tensor_parallel_size"] = args.tp
     if args.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.mm_limit is not None:
+        kwargs["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
     llm = LLM(
         model=args.target,
         speculative_config=spec,

