@@ -5,7 +5,7 @@ Order matters only where a patch wraps a symbol another one also wraps; each
 apply() is idempotent and each probe reads the unpatched vLLM object.
 """
 
-from vllm_dflash import profile, trace
+from vllm_dflash import mrope, profile, trace
 from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
@@ -139,6 +139,7 @@ PATCHES: tuple[Patch, ...] = (
         future="Send upstream into vllm/utils/cpu_triton_utils.py.",
     ),
     *gdn.PATCH_RECORDS,
+    mrope.PATCH,
     Patch(
         name=attention.PATCH_KV_UPDATE,
         kind="cpu",
