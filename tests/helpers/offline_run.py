@@ -35,6 +35,12 @@ def main() -> None:
         default=None,
         help="multimodal targets: limit_mm_per_prompt images (videos: 0)",
     )
+    ap.add_argument(
+        "--repeat",
+        action="store_true",
+        help="generate the same prompts a second time (prefix-cache hits); the "
+        "second pass is appended to prompts/outputs/request_ids",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -71,19 +77,23 @@ def main() -> None:
         **kwargs,
     )
     ps = prompts(args.num_prompts)
-    outs = llm.generate(
-        [{"prompt_token_ids": p} for p in ps],
-        SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True),
-    )
-    counters = {}
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
+    if args.repeat:
+        outs = outs + llm.generate([{"prompt_token_ids": p} for p in ps], params)
+        ps = ps + ps
+    counters, cache = {}, {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
             counters[m.name] = m.value
+        elif m.name.startswith("vllm:prefix_cache") and hasattr(m, "value"):
+            cache[m.name] = m.value
     result = {
         "prompts": ps,
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "request_ids": [o.request_id for o in outs],
         "spec_decode": counters,
+        "prefix_cache": cache,
     }
     with open(args.out, "w") as fh:
         json.dump(result, fh)
