@@ -5,7 +5,7 @@ Order matters only where a patch wraps a symbol another one also wraps; each
 apply() is idempotent and each probe reads the unpatched vLLM object.
 """
 
-from vllm_dflash import mrope, profile, trace
+from vllm_dflash import align_budget, mrope, profile, trace
 from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
@@ -140,6 +140,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     *gdn.PATCH_RECORDS,
     mrope.PATCH,
+    align_budget.PATCH,
     Patch(
         name=attention.PATCH_KV_UPDATE,
         kind="cpu",
