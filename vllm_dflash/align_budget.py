@@ -1,5 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Refuse a hybrid-model prefix-caching setup that stalls requests forever.
+"""Refuse hybrid-model prefix-caching setups that stall or corrupt requests.
+
+DFlash + prefix caching on a hybrid target (mamba cache mode 'align'): after a
+prefix-cache hit the target's greedy output changes (reproduced on CPU with the
+tiny Qwen3.5 hybrid: the prompts of 20, 25 and 30 tokens, run a second time,
+diverge from their first token; without DFlash the second pass is identical).
+Refused at start-up with one line naming what works.
 
 With prefix caching on a hybrid (mamba / Gated-DeltaNet) target, vLLM 0.20.x
 uses mamba cache mode 'align': prefill chunks are cut to multiples of the
@@ -31,6 +37,15 @@ class AlignBudgetError(ValueError):
 def check(scheduler) -> None:
     if not getattr(scheduler, "need_mamba_block_aligned_split", False):
         return
+    spec = getattr(getattr(scheduler, "vllm_config", None), "speculative_config", None)
+    if spec is not None and spec.method == "dflash":
+        raise AlignBudgetError(
+            "DFlash with prefix caching on a hybrid (mamba/Gated-DeltaNet) target "
+            "is refused on vLLM 0.20.x: after a prefix-cache hit in mamba cache mode "
+            "'align' the target's greedy output changes (tests/e2e/test_hybrid.py). "
+            "Run with enable_prefix_caching=False (--no-enable-prefix-caching); "
+            "DFlash without prefix caching, or prefix caching without DFlash, works."
+        )
     block = scheduler.cache_config.block_size
     budget = scheduler.max_num_scheduled_tokens
     if budget >= block:
@@ -74,9 +89,11 @@ PATCH = Patch(
     name=PATCH_NAME,
     kind="fix",
     targets=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
-    summary="Refuse hybrid prefix caching when the speculative step budget < block size.",
-    why="Mamba 'align' mode cuts prefill chunks to block multiples; with draft slots "
-    "reserved the budget rounds to 0 and long prompts are never scheduled (hang).",
+    summary="Refuse hybrid prefix caching ('align') with DFlash, or with a speculative "
+    "step budget below the block size.",
+    why="DFlash: after a prefix-cache hit the target's output changes. Any method: "
+    "'align' cuts prefill chunks to block multiples; with draft slots reserved the "
+    "budget rounds to 0 and long prompts are never scheduled (hang).",
     upstream="none (vLLM 0.20.x scheduler)",
     # 0.20.0-0.20.2 share this scheduler; later versions not checked.
     versions=">=0.20.0,<0.21.0",

@@ -4,8 +4,8 @@ on vLLM's CPU backend, with and without DFlash.
 
 Five engine runs in all (memoised and shared by the tests): no speculation,
 DFlash with prefix caching off, DFlash with prefix caching on (vLLM's hybrid
-'align' mode; the prompts run twice so the second pass hits the cache), and
-DFlash with each backport disabled. Every run is a batch of 8 prompts (5..40 tokens)
+'align' mode: refused at start-up, see vllm_dflash/align_budget.py), and DFlash
+with each backport disabled. Every run is a batch of 8 prompts (5..40 tokens)
 with chunked prefill (32-token budget). Drafts are replayed on the float64
 reference, whose context features come from transformers' model.
 """
@@ -84,24 +84,21 @@ def test_hybrid_lossless_and_drafts_match_reference(runner, baseline, dflash_sta
     assert dflash_stats.token_rate >= 0.99, dflash_stats
 
 
-def test_hybrid_prefix_caching_align(runner, baseline, ref):
-    """Prefix caching on (vLLM picks the hybrid 'align' mamba cache mode); the
-    prompts are generated twice, so the second pass starts from cached blocks."""
-    run = _run(
-        runner,
+def test_hybrid_prefix_caching_refused(runner):
+    """DFlash + prefix caching on a hybrid target is refused at start-up (one line
+    naming what works): with the refusal disabled, prompts run a second time
+    (prefix-cache hits, mamba 'align' mode) change the target's greedy output
+    (measured: 3 of 8; docs/hybrid.md)."""
+    run = runner.run(
         "drafter",
         prefix_caching=True,
-        extra=("--repeat",),
-        budget=CHUNKED_ALIGN,
+        max_num_batched_tokens=CHUNKED_ALIGN,
+        extra_args=(*TEXT_ONLY, "--repeat"),
     )
+    assert not run.ok
     assert "Mamba cache mode is set to 'align'" in run.log
-    n = len(baseline.data["outputs"])
-    assert run.data["outputs"][:n] == baseline.data["outputs"]
-    assert run.data["outputs"][n:] == baseline.data["outputs"], "second pass changed"
-    assert run.data["prefix_cache"].get("vllm:prefix_cache_hits", 0) > 0, run.data
-    stats = compare(ref, run.data, run.trace)
-    assert stats.drafts >= 2 * MIN_DRAFTS, stats
-    assert stats.token_rate >= 0.99, stats
+    assert "DFlash with prefix caching on a hybrid" in run.log
+    assert "--no-enable-prefix-caching" in run.log
 
 
 def test_baseline_matches_transformers(baseline, ref):

@@ -13,8 +13,10 @@ from vllm_dflash import align_budget
 pytest.importorskip("vllm.v1.core.sched.scheduler")
 
 
-def _sched(budget: int, block: int = 16, align: bool = True):
+def _sched(budget: int, block: int = 16, align: bool = True, method: str | None = None):
+    spec = SimpleNamespace(method=method) if method else None
     return SimpleNamespace(
+        vllm_config=SimpleNamespace(speculative_config=spec),
         need_mamba_block_aligned_split=align,
         cache_config=SimpleNamespace(block_size=block),
         max_num_scheduled_tokens=budget,
@@ -33,3 +35,12 @@ def test_refuses_budget_below_block():
         align_budget.check(_sched(8))
     align_budget.check(_sched(16))  # enough
     align_budget.check(_sched(8, align=False))  # no align mode: no constraint
+
+
+def test_refuses_dflash_with_hybrid_prefix_caching():
+    with pytest.raises(
+        align_budget.AlignBudgetError, match="--no-enable-prefix-caching"
+    ):
+        align_budget.check(_sched(64, method="dflash"))
+    align_budget.check(_sched(64, method="eagle3"))
+    align_budget.check(_sched(64, align=False, method="dflash"))
