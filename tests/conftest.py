@@ -117,6 +117,7 @@ class OfflineRunner:
         target: Path | None = None,
         prompts: tuple[tuple[int, ...], ...] | None = None,
         max_tokens: int | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> RunResult:
         """One engine process per distinct configuration (memoised).
 
@@ -134,6 +135,7 @@ class OfflineRunner:
             target,
             prompts,
             max_tokens,
+            extra_args,
         )
         if key in self._cache:
             return self._cache[key]
@@ -163,6 +165,7 @@ class OfflineRunner:
             cmd += ["--max-tokens", str(max_tokens)]
         if prefix_caching:
             cmd.append("--prefix-caching")
+        cmd += list(extra_args)
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
         env = {

@@ -7,10 +7,12 @@ one also wraps; each apply() is idempotent and each probe reads the unpatched
 vLLM object.
 """
 
+from vllm_dflash.config import hybrid_prefix_caching
 from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
     dist_name,
+    gdn,
     rejection,
     runner,
     weights,
@@ -19,6 +21,7 @@ from vllm_dflash.entrypoints import arg_parser, argv_rebuild
 from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
+    mrope_positions,
     sliding_window,
     step_profile,
     tp_graph_replay,
@@ -34,6 +37,9 @@ PATCHES: tuple[Patch, ...] = (
     rejection.PATCH,
     rejection.RECOVERED_PATCH,
     dflash_inputs.PATCH,
+    *gdn.PATCH_RECORDS,
+    mrope_positions.PATCH,
+    hybrid_prefix_caching.PATCH,
     attention.KV_UPDATE_PATCH,
     attention.NONCAUSAL_PATCH,
     dist_name.PATCH,

@@ -30,6 +30,18 @@ def main() -> None:
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    ap.add_argument(
+        "--mm-limit",
+        type=int,
+        default=None,
+        help="multimodal targets: limit_mm_per_prompt images (videos: 0)",
+    )
+    ap.add_argument(
+        "--repeat",
+        action="store_true",
+        help="generate the same prompts a second time (prefix-cache hits); the "
+        "second pass is appended to prompts/outputs/request_ids",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -48,6 +60,8 @@ def main() -> None:
         kwargs["tensor_parallel_size"] = args.tp
     if args.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.mm_limit is not None:
+        kwargs["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
     llm = LLM(
         model=args.target,
         speculative_config=spec,
@@ -68,19 +82,23 @@ def main() -> None:
             ps = json.load(fh)
     else:
         ps = prompts(args.num_prompts)
-    outs = llm.generate(
-        [{"prompt_token_ids": p} for p in ps],
-        SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True),
-    )
-    counters = {}
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
+    if args.repeat:
+        outs = outs + llm.generate([{"prompt_token_ids": p} for p in ps], params)
+        ps = ps + ps
+    counters, cache = {}, {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
             counters[m.name] = m.value
+        elif m.name.startswith("vllm:prefix_cache") and hasattr(m, "value"):
+            cache[m.name] = m.value
     result = {
         "prompts": ps,
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "request_ids": [o.request_id for o in outs],
         "spec_decode": counters,
+        "prefix_cache": cache,
     }
     with open(args.out, "w") as fh:
         json.dump(result, fh)

@@ -12,6 +12,12 @@ checkpoints, independently of vLLM's code:
   target's embedding; full layers: every block token sees all context and block
   keys; sliding layers: causal, keys in ``p-W+1..p``;
 * final norm, target lm_head, argmax at the k mask positions.
+
+Hybrid targets (Qwen3.5/3.6, ``Qwen3_5ForConditionalGeneration``): features
+come from transformers' model the same way (``hidden_states[id + 1]`` of the
+language model); its Gated-DeltaNet layers run a plain per-token float64
+recurrence (:func:`gated_delta_rule_f64`) instead of transformers' fallbacks,
+which compute in float32.
 """
 
 from __future__ import annotations
@@ -44,6 +50,53 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def gated_delta_rule_f64(
+    query, key, value, g, beta, initial_state=None, output_final_state=False,
+    use_qk_l2norm_in_kernel=False, **_,
+):  # fmt: skip
+    """Gated delta rule, one token at a time, float64; HF layout ([B, T, H, D], state [K, V])."""
+    q, k, v, g, beta = (x.to(DT) for x in (query, key, value, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * q.shape[-1] ** -0.5
+    b, t, h, dk = k.shape
+    state = (
+        torch.zeros(b, h, dk, v.shape[-1], dtype=DT)
+        if initial_state is None
+        else initial_state.to(DT)
+    )
+    out = torch.zeros_like(v)
+    for i in range(t):
+        state = state * g[:, i].exp()[..., None, None]
+        delta = (v[:, i] - torch.einsum("bhkv,bhk->bhv", state, k[:, i])) * beta[
+            :, i, :, None
+        ]
+        state = state + k[:, i, :, :, None] * delta[:, :, None, :]
+        out[:, i] = torch.einsum("bhkv,bhk->bhv", state, q[:, i])
+    return out.to(query.dtype), (state if output_final_state else None)
+
+
+def _load_target(target_dir: Path) -> torch.nn.Module:
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    if "text_config" in cfg:  # multimodal wrapper (Qwen3.5/3.6)
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(
+            target_dir, torch_dtype=DT, attn_implementation="eager"
+        ).eval()
+        for module in model.modules():
+            if hasattr(module, "chunk_gated_delta_rule"):
+                module.chunk_gated_delta_rule = gated_delta_rule_f64
+                module.recurrent_gated_delta_rule = gated_delta_rule_f64
+        return model
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        target_dir, torch_dtype=DT, attn_implementation="eager"
+    ).eval()
+
+
 @dataclass
 class Reference:
     target: torch.nn.Module
@@ -57,11 +110,7 @@ class Reference:
 
     @classmethod
     def load(cls, target_dir: Path, drafter_dir: Path) -> Reference:
-        from transformers import AutoModelForCausalLM
-
-        target = AutoModelForCausalLM.from_pretrained(
-            target_dir, torch_dtype=DT, attn_implementation="eager"
-        ).eval()
+        target = _load_target(target_dir)
         dcfg = json.loads((Path(drafter_dir) / "config.json").read_text())
         n = dcfg["num_hidden_layers"]
         return cls(
@@ -84,7 +133,9 @@ class Reference:
     def features(self, seq: list[int]) -> torch.Tensor:
         """[len(seq), hidden * len(layer_ids)]: output of each chosen target layer."""
         out = self.target(torch.tensor([seq]), output_hidden_states=True)
-        n_layers = self.target_cfg["num_hidden_layers"]
+        n_layers = self.target_cfg.get("text_config", self.target_cfg)[
+            "num_hidden_layers"
+        ]
         assert all(i < n_layers - 1 for i in self.layer_ids)  # hs[L] is normed
         return torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], -1)
 

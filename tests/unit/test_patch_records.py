@@ -31,10 +31,17 @@ def test_declared_targets_are_what_apply_changes(patch, isolated, monkeypatch):
     patch.apply()
     for target in patch.targets:
         owner, attr = _resolve(target)
-        value = owner[attr] if isinstance(owner, dict) else getattr(owner, attr)
-        marked = is_patched(value, patch.name) or getattr(
-            value, "module_name", ""
-        ).startswith("vllm_dflash")
+        if isinstance(owner, dict):
+            value = owner[attr]
+        elif isinstance(owner, type) and attr in owner.__dict__:
+            value = owner.__dict__[attr]  # the raw classmethod/staticmethod
+        else:
+            value = getattr(owner, attr)
+        marked = (
+            is_patched(value, patch.name)
+            or is_patched(getattr(value, "__func__", None), patch.name)
+            or getattr(value, "module_name", "").startswith("vllm_dflash")
+        )
         assert marked, f"{patch.name}: {target} is declared but apply() left it alone"
 
 

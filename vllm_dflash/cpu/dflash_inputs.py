@@ -38,6 +38,10 @@ def copy_and_expand_dflash_inputs(
     BLOCK_SIZE: int | None = None,  # noqa: N803 (Triton launch parameter)
     HAS_NUM_REJECTED: bool = False,  # noqa: N803
 ) -> None:
+    if target_positions_ptr.dim() == 2:
+        # M-RoPE targets pass (3, N) positions; the Triton kernel reads the
+        # tensor's first N elements through a flat pointer: row 0.
+        target_positions_ptr = target_positions_ptr[0]
     qsl = query_start_loc_ptr.long()
     num_reqs = qsl.numel() - 1
     n_ctx = total_input_tokens
