@@ -10,11 +10,12 @@ from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
     dist_name,
+    expand,
     rejection,
     runner,
     weights,
 )
-from vllm_dflash.patches import aux_layers, capture, cli, drafter
+from vllm_dflash.patches import aux_layers, capture, cli, drafter, flex_cudagraph
 from vllm_dflash.patches.registry import Patch, PatchState
 
 V020 = ">=0.20.0,<0.24.0"
@@ -121,6 +122,7 @@ PATCHES: tuple[Patch, ...] = (
         future="Upstream: add USE_FP64_GUMBEL to the CPU fallback signature.",
         probe_false_reason="this vLLM's rejection sampler does not pass USE_FP64_GUMBEL",
     ),
+    expand.PATCH,
     Patch(
         name=dflash_inputs.PATCH,
         kind="cpu",
@@ -220,6 +222,7 @@ PATCHES: tuple[Patch, ...] = (
         future="Upstream: capture each drafter graph size once per capture session.",
         probe_false_reason="DFlashProposer.dummy_run no longer clamps to max_query_tokens",
     ),
+    flex_cudagraph.PATCH,
     Patch(
         name=cli.PATCH_VALIDATE,
         kind="feature",
