@@ -103,7 +103,7 @@ def crash_stage(models, w8b6: Path, work: Path) -> list[dict]:
         ][-60:]  # fmt: skip
         n_out = len(data["groups"]["crash"]) if data else 0
         ran = rc == 0 and n_out == 3000
-        crashed = "illegal memory access" in log
+        crashed = "CUDA error: an illegal memory access" in log
         ok = crashed if name in EXPECT_CRASH else ran
         return {"check": "stock_crash" if name in EXPECT_CRASH else "no_crash",
                 "engine": name, "ok": ok, "crashed": crashed,
