@@ -27,7 +27,12 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "ci" / "matrix.toml"
-SMOKE_TESTS = ["tests/e2e/test_matrix.py", "tests/unit/test_upstream_diffs.py"]
+SMOKE_TESTS = [
+    "tests/e2e/test_matrix.py",
+    "tests/unit/test_upstream_diffs.py",
+    # the rejection sampler keeps the distribution (0.23: USE_FP64_GUMBEL path)
+    "tests/unit/test_rejection_sampling_dist.py",
+]
 
 
 def load_matrix(path: Path = MATRIX) -> dict:

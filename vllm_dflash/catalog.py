@@ -12,6 +12,7 @@ from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
     dist_name,
+    expand,
     gdn,
     rejection,
     runner,
@@ -21,6 +22,7 @@ from vllm_dflash.entrypoints import arg_parser, argv_rebuild
 from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
+    flex_cudagraph,
     mrope_positions,
     sliding_window,
     step_profile,
@@ -36,6 +38,7 @@ PATCHES: tuple[Patch, ...] = (
     weights.PATCH,
     rejection.PATCH,
     rejection.RECOVERED_PATCH,
+    expand.PATCH,
     dflash_inputs.PATCH,
     *gdn.PATCH_RECORDS,
     mrope_positions.PATCH,
@@ -46,6 +49,7 @@ PATCHES: tuple[Patch, ...] = (
     arg_parser.ARG_PATCH,
     argv_rebuild.PATCH,
     tp_graph_replay.PATCH,
+    flex_cudagraph.PATCH,
     arg_parser.VALIDATE_PATCH,
     trace.PATCH,
     step_profile.PATCH,

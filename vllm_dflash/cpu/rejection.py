@@ -13,6 +13,8 @@ feature) is refused with a clear error on CPU.
 
 import inspect
 
+import torch
+
 from vllm_dflash.registry import (
     CPU_ONLY,
     V020,
@@ -127,8 +129,16 @@ def recovered_apply() -> None:
     stock = original(cpu_tl.sample_recovered_tokens_kernel.func)
 
     def sample_recovered(*args, USE_FP64_GUMBEL=False, **kwargs):  # noqa: N803
-        # The CPU kernel computes the Gumbel race in float32 only; the flag is a
-        # precision choice of the GPU kernel, not a different distribution.
+        # The CPU kernel computes the exponential race in float32 only; the flag is
+        # a precision choice of the GPU kernel, not a different distribution. With
+        # it, the caller draws the noise in float64 (inv_q): the C++ kernel takes
+        # float32 ("expected scalar type Float but found Double"), so cast it.
+        # tests/unit/test_rejection_sampling_dist.py checks the distribution.
+        args = list(args)
+        if len(args) > 5 and args[5].dtype != torch.float32:
+            args[5] = args[5].to(torch.float32)
+        if "inv_q" in kwargs and kwargs["inv_q"].dtype != torch.float32:
+            kwargs["inv_q"] = kwargs["inv_q"].to(torch.float32)
         stock(*args, **kwargs)
 
     sample_recovered.__wrapped_original__ = cpu_tl.sample_recovered_tokens_kernel.func
