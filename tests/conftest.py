@@ -74,8 +74,10 @@ class OfflineRunner:
         pythonpath: str | None = None,
         timeout: float = 900,
         tp: int = 1,
+        prompt_set: str = "mixed",
     ) -> RunResult:
         key = (
+            prompt_set,
             drafter,
             disable,
             prefix_caching,
@@ -103,6 +105,8 @@ class OfflineRunner:
             cmd += ["--drafter", str(getattr(self.models, drafter))]
         if prefix_caching:
             cmd.append("--prefix-caching")
+        if prompt_set != "mixed":
+            cmd += ["--prompt-set", prompt_set]
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
         env = {

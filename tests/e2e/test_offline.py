@@ -156,6 +156,7 @@ def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_f
     states = {p["name"]: p["state"] for p in doctor["patches"]}
     assert states["dflash_aux_layer_shift"] == "not needed"  # never shifted twice
     assert states["dflash_sliding_window"] == "not needed"
+    assert states["dflash_lookahead_slots"] == "not needed"
 
     upstream = offline.run("swa", max_num_batched_tokens=CHUNKED, pythonpath=str(dest))
     stats = _check(upstream, baseline, refs["swa"])

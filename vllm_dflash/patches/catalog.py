@@ -14,7 +14,14 @@ from vllm_dflash.cpu import (
     runner,
     weights,
 )
-from vllm_dflash.patches import aux_layers, capture, cli, drafter
+from vllm_dflash.patches import (
+    aux_layers,
+    capture,
+    cli,
+    drafter,
+    lookahead,
+    quantized_drafter,
+)
 from vllm_dflash.patches.registry import Patch, PatchState
 
 V020 = ">=0.20.0,<0.24.0"
@@ -58,6 +65,7 @@ PATCHES: tuple[Patch, ...] = (
         apply=drafter.apply,
         future="Upstream to the V1 runner from patches/; drop when a release reads layer_types.",
     ),
+    lookahead.PATCH,
     Patch(
         name=runner.PATCH,
         kind="cpu",
@@ -236,6 +244,7 @@ PATCHES: tuple[Patch, ...] = (
         apply=cli.apply_validate,
         future="Propose the checks upstream (SpeculativeConfig).",
     ),
+    quantized_drafter.PATCH,
     Patch(
         name=trace.PATCH,
         kind="feature",
