@@ -27,18 +27,16 @@ def test_one_diff_per_upstream_pr():
     diffs = diffs_for(_version())
     v = Version(_version())
     # Each fix has no diff from the release that contains it: #40727 from 0.22.0,
-    # #42971 from 0.23.0. #40898 is in no release.
-    want = [
-        pr
-        for pr, released in (
-            ("pr40727", "0.22.0"),
-            ("pr40898", None),
-            ("pr42971", "0.23.0"),
-        )
-        if released is None or v < Version(released)
-    ]
+    # #42971 from 0.23.0. #40898 is in no release, #51256 in none of the matrix's.
+    fixes = (
+        ("pr40727", "0.22.0"),
+        ("pr40898", None),
+        ("pr42971", "0.23.0"),
+        ("pr51256", None),
+    )
+    want = [pr for pr, released in fixes if released is None or v < Version(released)]
     got = [d.name.split("-")[1] for d in diffs]
-    assert [pr for pr in got if pr in {"pr40727", "pr40898", "pr42971"}] == want
+    assert [pr for pr in got if pr in dict(fixes)] == want
     for d in diffs:
         head = d.read_text().split("\n---", 1)[0]
         assert head.startswith("Upstream: vllm-project/vllm#")

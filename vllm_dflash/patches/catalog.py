@@ -18,6 +18,7 @@ from vllm_dflash.patches import (
     aux_layers,
     capture,
     cli,
+    draft_budget,
     drafter,
     lookahead,
     quantized_drafter,
@@ -66,6 +67,7 @@ PATCHES: tuple[Patch, ...] = (
         future="Upstream to the V1 runner from patches/; drop when a release reads layer_types.",
     ),
     lookahead.PATCH,
+    draft_budget.PATCH,
     Patch(
         name=runner.PATCH,
         kind="cpu",
