@@ -239,7 +239,8 @@ PATCHES: tuple[Patch, ...] = (
         ),
         summary="One-line errors for bad DFlash drafter configs, before weights load.",
         why="Mistakes otherwise surface as shape errors deep in loading, or silent low acceptance.",
-        upstream="none, vllm-dflash feature",
+        upstream="none, vllm-dflash feature (covers vllm-project/vllm#48113's fc-feature "
+        "check, which 0.20-0.23 lack)",
         versions=V020,
         platforms=ALL_PLATFORMS,
         probe=cli.probe_validate,
