@@ -118,6 +118,7 @@ class OfflineRunner:
         prompts: tuple[tuple[int, ...], ...] | None = None,
         max_tokens: int | None = None,
         extra_args: tuple[str, ...] = (),
+        prompt_set: str = "mixed",
     ) -> RunResult:
         """One engine process per distinct configuration (memoised).
 
@@ -125,6 +126,7 @@ class OfflineRunner:
         path; ``target`` defaults to the tiny target; ``prompts`` to the
         helper's deterministic mix."""
         key = (
+            prompt_set,
             drafter,
             disable,
             prefix_caching,
@@ -166,6 +168,8 @@ class OfflineRunner:
         if prefix_caching:
             cmd.append("--prefix-caching")
         cmd += list(extra_args)
+        if prompt_set != "mixed":
+            cmd += ["--prompt-set", prompt_set]
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
         env = {

@@ -7,7 +7,8 @@ one also wraps; each apply() is idempotent and each probe reads the unpatched
 vLLM object.
 """
 
-from vllm_dflash.config import hybrid_prefix_caching
+from vllm_dflash.config import hybrid_prefix_caching, quantized_drafter
+from vllm_dflash.core import draft_slot_budget, lookahead_slots
 from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
@@ -34,6 +35,8 @@ PATCHES: tuple[Patch, ...] = (
     aux_layers.PATCH,
     sliding_window.PATCH,
     sliding_window.FIELDS_PATCH,
+    lookahead_slots.PATCH,
+    draft_slot_budget.PATCH,
     runner.PATCH,
     weights.PATCH,
     rejection.PATCH,
@@ -51,6 +54,7 @@ PATCHES: tuple[Patch, ...] = (
     tp_graph_replay.PATCH,
     flex_cudagraph.PATCH,
     arg_parser.VALIDATE_PATCH,
+    quantized_drafter.PATCH,
     trace.PATCH,
     step_profile.PATCH,
 )

@@ -17,8 +17,9 @@ from tests.helpers.reference import Reference
 
 pytestmark = pytest.mark.cpu_e2e
 
-# Chunked prefill: prompts are up to 40 tokens, the step budget is 32.
-CHUNKED = 32
+# Chunked prefill: prompts are up to 40 tokens; 8 seqs x k=4 DFlash drafting
+# slots are reserved from 40, so a step schedules at most 8 tokens.
+CHUNKED = 40
 MIN_DRAFTS = 200
 CPU_PATCHES = (
     "cpu_aux_hidden_state_layers",
@@ -195,6 +196,8 @@ def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_f
     assert states["dflash_aux_layer_shift"] == "not needed"  # never shifted twice
     assert states["dflash_sliding_window"] == "not needed"
     assert states["cpu_expand_kernel_float"] == "not needed"
+    assert states["dflash_lookahead_slots"] == "not needed"
+    assert states["dflash_draft_slot_budget"] == "not needed"
 
     upstream = offline.run("swa", max_num_batched_tokens=CHUNKED, pythonpath=str(dest))
     stats = _check(upstream, baseline, refs["swa"])

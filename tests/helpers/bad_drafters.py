@@ -66,6 +66,23 @@ CASES: dict[str, tuple[dict, int, str]] = {
         "hidden_size=64 but the target's is 128",
     ),
     "vocab_mismatch": ({"vocab_size": 1000}, 4, "vocab_size=1000"),
+    # vllm#48113's mismatch: fc sized for other features than the target delivers.
+    "fc_features_mismatch": (
+        {"target_hidden_size": 64},
+        4,
+        "(target_hidden_size=64) but the target delivers 3 layers",
+    ),
+    # vllm#51581/#53116: the drafter bypasses quant_method (dflash_refuse_quantized_drafter).
+    "quantized_checkpoint": (
+        {
+            "quantization_config": {
+                "quant_method": "fp8",
+                "activation_scheme": "dynamic",
+            }
+        },
+        4,
+        "is quantized (quantization='fp8')",
+    ),
 }
 
 

@@ -19,6 +19,20 @@ def prompts(n: int = 8) -> list[list[int]]:
     return out
 
 
+def shared_prefix_prompts(
+    n: int = 8, block_size: int = 16, k: int = 4
+) -> list[list[int]]:
+    """One 2-block prefix, then own tokens up to the next block boundary; the last
+    prompt stops ``k`` tokens short, so its ``k + 1``-token first query block ends
+    on that boundary. All first query blocks reach position ``3 * block_size``."""
+    prefix = [4 + (j * 13) % 500 for j in range(2 * block_size)]
+    out = []
+    for i in range(n):
+        own = block_size - (k if i == n - 1 else 0)
+        out.append(prefix + [4 + (i * 37 + j * 11) % 500 for j in range(own)])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
@@ -28,6 +42,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--prompts", help="JSON file: a list of token-id lists")
     ap.add_argument("--prefix-caching", action="store_true")
+    ap.add_argument("--prompt-set", choices=("mixed", "shared-prefix"), default="mixed")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument(
@@ -80,6 +95,8 @@ def main() -> None:
     if args.prompts:
         with open(args.prompts) as fh:
             ps = json.load(fh)
+    elif args.prompt_set == "shared-prefix":
+        ps = shared_prefix_prompts(args.num_prompts, k=args.k)
     else:
         ps = prompts(args.num_prompts)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)

@@ -25,12 +25,16 @@ def test_one_diff_per_upstream_pr():
     from packaging.version import Version
 
     diffs = diffs_for(_version())
-    # #40727 is part of vLLM from 0.22.0: no diff for it there.
-    want = (
-        ["pr40898"]
-        if Version(_version()) >= Version("0.22.0")
-        else ["pr40727", "pr40898"]
+    v = Version(_version())
+    # Each fix has no diff from the release that contains it: #40727 from 0.22.0,
+    # #42971 from 0.23.0. #40898 is in no release, #51256 in none of the matrix's.
+    fixes = (
+        ("pr40727", "0.22.0"),
+        ("pr40898", None),
+        ("pr42971", "0.23.0"),
+        ("pr51256", None),
     )
+    want = [pr for pr, released in fixes if released is None or v < Version(released)]
     backports = [d for d in diffs if d.name.split("-")[1].startswith("pr")]
     assert [d.name.split("-")[1] for d in backports] == want
     for d in diffs:

@@ -123,6 +123,26 @@ def validate_dflash(
             "a DFlash drafter shares the target's embeddings and lm_head; use the drafter "
             "trained for this target."
         )
+    # What vLLM's drafter builds fc for (qwen3_dflash: target_layer_ids, else
+    # layer_ids, else its own layer count; x target_hidden_size, else hidden_size)
+    # must equal what the target delivers (hidden_size per captured layer): the
+    # check vllm#48113 makes at the first draft, here before weights load.
+    n_fc = len(ids) if "target_layer_ids" in dflash else None
+    if n_fc is None and isinstance(dflash.get("layer_ids"), list):
+        n_fc = len(dflash["layer_ids"])
+    if n_fc is None:
+        n_fc = int(_get(drafter_cfg, "num_hidden_layers"))
+    fc_width = _get(drafter_cfg, "target_hidden_size", None)
+    fc_width = int(fc_width) if fc_width is not None else draft_hidden
+    if fc_width * n_fc != target_hidden * len(ids):
+        raise DrafterConfigError(
+            f"drafter fc takes {n_fc} x {fc_width} = {fc_width * n_fc} features "
+            f"(target_hidden_size={_get(drafter_cfg, 'target_hidden_size', None)}) but "
+            f"the target delivers {len(ids)} layers x hidden_size {target_hidden} = "
+            f"{target_hidden * len(ids)}: set target_hidden_size={target_hidden} and "
+            "one target_layer_ids entry per fc input, or use the drafter trained for "
+            "this target."
+        )
     fc = shapes.get("fc.weight")
     if fc is not None and list(fc) != [draft_hidden, fc_in]:
         raise DrafterConfigError(
@@ -171,9 +191,9 @@ def prevalidate_raw(speculative_config: Any) -> None:
     cfg_file = Path(str(model)) / "config.json"
     if method is None and "dflash" not in str(model).lower():
         return
-    if not cfg_file.is_file():
+    raw = json.loads(cfg_file.read_text()) if cfg_file.is_file() else None
+    if raw is None:
         return
-    raw = json.loads(cfg_file.read_text())
     if "num_hidden_layers" in raw and raw.get("layer_types") is not None:
         from types import SimpleNamespace
 
