@@ -50,10 +50,10 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
         --runs "${RUNS:-}" --jobs "${JOBS:-8}" > "$W/check.log" 2>&1
       say "check rc=$?"; grep '^\[gpu_check\]' "$W/check.log" | cut -c1-260 ;;
     pytest)  # the user-facing form of the check: pytest -m gpu (RUNS: GPU_CHECK_RUNS)
-      GPU_CHECK_RUNS=${RUNS:-} timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -m gpu tests/gpu \
+      GPU_CHECK_OUT="$W/pytest-gpu" GPU_CHECK_RUNS=${RUNS:-} timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -m gpu tests/gpu \
         -p no:cacheprovider --junitxml "$W/pytest-gpu.xml" > "$W/pytest-gpu.log" 2>&1
       say "pytest -m gpu rc=$?"; tail -15 "$W/pytest-gpu.log"
-      cp .pytest_cache/gpu_check/gpu_check.json "$W/pytest-gpu_check.json" 2>/dev/null ;;
+      cp "$W/pytest-gpu/gpu_check.json" "$W/pytest-gpu_check.json" 2>/dev/null ;;
     perf)
       for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do

@@ -40,7 +40,12 @@ def checks(tmp_path_factory) -> list[dict]:
         pytest.skip("needs an NVIDIA GPU")
     from benchmarks.gpu.gpu_check import RUNS
 
-    out = tmp_path_factory.mktemp("gpu_check")  # never an earlier run's report
+    # A fresh folder: never an earlier run's report. GPU_CHECK_OUT keeps the run
+    # logs where a caller collects them (benchmarks/gpu/device_run.sh).
+    out = Path(os.environ.get("GPU_CHECK_OUT") or tmp_path_factory.mktemp("gpu_check"))
+    if out.exists() and any(out.iterdir()):
+        raise AssertionError(f"GPU_CHECK_OUT={out} is not empty")
+    out.mkdir(parents=True, exist_ok=True)
     wanted = _wanted_runs()
     unknown = sorted(set(wanted) - {r.name for r in RUNS})
     assert not unknown, f"GPU_CHECK_RUNS names unknown runs: {unknown}"

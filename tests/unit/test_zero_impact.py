@@ -60,3 +60,32 @@ def test_when_imported_runs_after_import_or_at_once(tmp_path, monkeypatch):
     assert import_hooks.when_imported("late_module_for_hook_test", callback) is True
     assert seen == [42, 42]
     monkeypatch.delitem(sys.modules, "late_module_for_hook_test")
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    from vllm_dflash import compat, registry
+    if sys.argv[1] == "cuda":  # judge the CUDA patches (they patch Python only)
+        registry.platform_name = lambda: "cuda"
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    import vllm.v1.worker.gpu_model_runner  # what a worker imports (it imports dflash)
+    failed = [(r.name, r.reason[:300]) for r in registry.failed()]
+    print("FAILED", failed)
+    """
+)
+
+
+def test_deferred_patches_apply_on_import_in_a_worker():
+    """Every patch applied on its module's import (as in a worker) applies
+    cleanly, for the CUDA patches too (they patch Python only): a patch whose
+    module is imported while another of its modules is still being imported
+    would fail here (it did on the GPU: dflash_tp_graph_replay)."""
+    for platform in ("cuda", "cpu"):
+        proc = subprocess.run(
+            [sys.executable, "-c", WORKER, platform],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "FAILED []" in proc.stdout, (platform, proc.stdout[-3000:])

@@ -79,9 +79,11 @@ def apply() -> None:
 PATCH = Patch(
     name=NAME,
     kind=PatchKind.CPU,
+    # First the DFlash model module: it imports the linear layers and their utils
+    # completely, so the patch applies once both are whole.
     targets=(
-        "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
         "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Attention.__init__",
+        "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
     ),
     summary="Keep qkv_proj.weight of DFlash layers when CPU linears are repacked.",
     why=(

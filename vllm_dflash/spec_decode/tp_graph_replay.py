@@ -119,10 +119,12 @@ def apply() -> None:
 PATCH = Patch(
     name=NAME,
     kind=PatchKind.FIX,
+    # First the model runner: it imports vllm.v1.spec_decode.dflash while it is
+    # itself being imported, so the patch waits for the runner's import to end.
     targets=(
-        "vllm.v1.spec_decode.dflash:DFlashProposer.dummy_run",
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.profile_cudagraph_memory",
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.capture_model",
+        "vllm.v1.spec_decode.dflash:DFlashProposer.dummy_run",
     ),
     summary="No drafter CUDA-graph replay inside a capture session: DFlash starts at TP>1.",
     why="Every target size clamps to one drafter graph that is replayed while custom "
