@@ -24,10 +24,12 @@ from vllm_dflash.testing.tiny_hybrid import ensure_tiny_hybrid
 
 pytestmark = pytest.mark.cpu_e2e
 
-CHUNKED = 32
+# 8 scheduled tokens per step after 8 sequences x k=4 drafting slots (#51256,
+# dflash_draft_slot_budget): prompts of up to 40 tokens are prefilled in chunks.
+CHUNKED = 40
 # Prefix caching ('align' mode) needs a step budget >= the block size (16): 48
-# minus 8 sequences x 3 DFlash draft slots = 24 (32 would leave 8: refused, see
-# vllm_dflash/align_budget.py). Still chunked for the 35/40-token prompts.
+# minus 8 sequences x 4 DFlash draft slots = 16 (40 would leave 8: refused, see
+# vllm_dflash/config/hybrid_prefix_caching.py).
 CHUNKED_ALIGN = 48
 TEXT_ONLY = ("--mm-limit", "0")
 MIN_DRAFTS = 150
