@@ -36,7 +36,7 @@ llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=8))
 """
 
 
-def timed(cmd: list[str], plugin: bool) -> float:
+def timed(cmd: list[str], plugin: bool, case: str = "") -> float:
     env = dict(os.environ)
     if not plugin:
         env["VLLM_PLUGINS"] = ""  # vLLM loads no general plugin
@@ -45,8 +45,9 @@ def timed(cmd: list[str], plugin: bool) -> float:
     took = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:4]} failed:\n{proc.stderr[-3000:]}")
-    if plugin and "vllm-dflash" not in proc.stdout + proc.stderr and "llm" in cmd[-2:]:
-        raise SystemExit("the plugin did not load")
+    loaded = "vllm-dflash" in proc.stdout + proc.stderr
+    if case == "llm" and loaded != plugin:
+        raise SystemExit(f"plugin loaded: {loaded}, wanted {plugin}")
     return took
 
 
@@ -66,11 +67,12 @@ def main() -> None:
         c: {"plugin": [], "no plugin": []} for c in cases
     }
     for c, cmd in cases.items():
-        timed(cmd, True)  # warm the page cache and compiled bytecode once
+        timed(cmd, True, c)  # warm the page cache and compiled bytecode once
         for i in range(args.repeats):
             order = (True, False) if i % 2 == 0 else (False, True)
             for plugin in order:
-                times[c]["plugin" if plugin else "no plugin"].append(timed(cmd, plugin))
+                key = "plugin" if plugin else "no plugin"
+                times[c][key].append(timed(cmd, plugin, c))
     result = {"repeats": args.repeats, "cases": {}}
     for c, by in times.items():
         row = {
