@@ -57,7 +57,7 @@ def _check(run, baseline, ref):
 
 
 def test_patches_active_in_worker_process(offline, baseline):
-    run = offline.run("dense", prefix_caching=True, max_num_batched_tokens=CHUNKED)
+    run = offline.run("dense", max_num_batched_tokens=CHUNKED)  # shared with others
     assert run.ok, run.log[-4000:]
     # register() ran in the spawned worker, not only in the parent; worker-side
     # patches were applied there when the worker imported their modules.
@@ -77,8 +77,8 @@ def test_patches_active_in_worker_process(offline, baseline):
 
 @pytest.mark.parametrize(
     "drafter, prefix_caching",
-    [("dense", True), ("swa", False), ("swa", True)],
-    ids=["dense-prefixcache", "swa", "swa-prefixcache"],
+    [("dense", False), ("swa", False), ("swa", True)],
+    ids=["dense", "swa", "swa-prefixcache"],
 )
 def test_lossless_and_drafts_match_reference(
     offline, baseline, refs, drafter, prefix_caching
