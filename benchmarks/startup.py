@@ -55,6 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--cases", default="cli,llm", help="comma list of cli, llm")
     args = ap.parse_args()
     from vllm_dflash.testing.tiny_models import ensure_tiny_models
 
@@ -63,6 +64,7 @@ def main() -> None:
         "cli": [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--help"],
         "llm": [sys.executable, "-c", LLM_SNIPPET, target],
     }
+    cases = {c: cmd for c, cmd in cases.items() if c in args.cases.split(",")}
     times: dict[str, dict[str, list[float]]] = {
         c: {"plugin": [], "no plugin": []} for c in cases
     }

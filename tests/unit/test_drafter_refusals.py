@@ -102,4 +102,4 @@ def test_online_quantization_and_hub_drafters_refused():
 
 def test_probe_sees_the_raw_weight_bypass():
     # vLLM 0.20-0.23 concatenate a quantized projection's stored int8 codes.
-    assert quantized_drafter.probe() is True
+    assert quantized_drafter.bypass_quant_method() is True

@@ -14,6 +14,7 @@ refuses with one line instead: run the drafter unquantized (it is small).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,6 +42,8 @@ def _quant_name(value: Any) -> str | None:
 
 
 def _refuse(model: Any, method: str) -> None:
+    if not bypass_quant_method():
+        return  # this vLLM's DFlash drafter honours quant_method
     raise DrafterConfigError(
         f"speculative_config model {model} is quantized (quantization={method!r}): "
         "this vLLM's DFlash drafter applies raw weights and bypasses quant_method "
@@ -77,6 +80,20 @@ def check_vllm_config(vllm_config: Any) -> None:
 
 
 def probe() -> bool:
+    """Cheap gate at start-up: this vLLM has the DFlash drafter the refusal is
+    about. The behavioural question (:func:`bypass_quant_method`: does it
+    apply raw quantized weights?) imports the drafter's model stack (~2 s), so
+    it is asked only when a quantized DFlash drafter is actually configured; a
+    vLLM that fixed it then runs the drafter."""
+    import importlib.util
+
+    return (
+        importlib.util.find_spec("vllm.model_executor.models.qwen3_dflash") is not None
+    )
+
+
+@functools.cache
+def bypass_quant_method() -> bool:
     """True if vLLM's fused context-K/V build takes a quantized projection's
     stored weight as is (int8 storage, non-default quant_method)."""
     import torch

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import sys
 
+from vllm_dflash.import_hooks import when_imported
 from vllm_dflash.registry import (
     ALL_PLATFORMS,
     V020,
@@ -90,14 +91,11 @@ def probe_validate() -> bool:
 
 def apply_validate() -> None:
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.entrypoints.cli.serve import ServeSubcommand
 
     from vllm_dflash.config.drafter_validation import (
         prevalidate_raw,
         validate_vllm_config,
     )
-    from vllm_dflash.config.layer_types import DrafterConfigError
-    from vllm_dflash.registry import PatchError
 
     if not is_patched(EngineArgs.create_engine_config, VALIDATE_NAME):
         stock_create = EngineArgs.create_engine_config
@@ -110,6 +108,16 @@ def apply_validate() -> None:
 
         _mark(create_engine_config, VALIDATE_NAME, stock_create)
         EngineArgs.create_engine_config = create_engine_config
+
+    # `vllm serve` imports its subcommand lazily (~2 s): wrap it when it does.
+    when_imported("vllm.entrypoints.cli.serve", _wrap_serve_cmd)
+
+
+def _wrap_serve_cmd() -> None:
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+
+    from vllm_dflash.config.layer_types import DrafterConfigError
+    from vllm_dflash.registry import PatchError
 
     if not is_patched(ServeSubcommand.cmd, VALIDATE_NAME):
         stock_cmd = ServeSubcommand.cmd
