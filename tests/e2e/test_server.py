@@ -180,9 +180,9 @@ def test_serve_dflash_is_lossless(tiny_models, tmp_path):
     assert acceptance_length(spec["metrics"]) is not None
     b = spec["bench"]
     # --ignore-eos: every request generates exactly --random-output-len tokens.
-    assert b["completed"] == 12 and b["failed"] == 0, b["errors"]
-    assert b["output_lens"] == [16] * 12 and b["total_output_tokens"] == 12 * 16
-    assert b["output_throughput"] > 0 and min(b["ttfts"]) > 0
+    assert b["completed"] == 12 and b["failed"] == 0, b
+    assert b["total_output_tokens"] == 12 * 16, b  # 12 x 16, none stopped early
+    assert b["output_throughput"] > 0 and b["median_ttft_ms"] > 0
     assert b["spec_decode_num_drafts"] > 0  # /metrics delta over the bench only
     assert b["spec_decode_draft_tokens"] == 4 * b["spec_decode_num_drafts"]
     records = [json.loads(x) for x in trace.read_text().splitlines()]
