@@ -16,6 +16,7 @@
 
 import inspect
 from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 
@@ -173,7 +174,11 @@ def noncausal_error(build=None, forward=None) -> float:
         heads, head, head**-0.5, kv_heads, None, None, "auto"
     )
     out = torch.zeros_like(q)
-    forward(impl, None, q, k[ctx:], v[ctx:], kv_cache, build(builder, 0, cad), out)
+    layer = SimpleNamespace(  # what newer CPU forwards read from the layer
+        _k_scale_float=1.0, _v_scale_float=1.0,
+        _k_scale=torch.ones(()), _v_scale=torch.ones(()),
+    )  # fmt: skip
+    forward(impl, layer, q, k[ctx:], v[ctx:], kv_cache, build(builder, 0, cad), out)
     kk = k.double().repeat_interleave(heads // kv_heads, 1)
     vv = v.double().repeat_interleave(heads // kv_heads, 1)
     p = (torch.einsum("qhd,khd->hqk", q.double(), kk) * head**-0.5).softmax(-1)

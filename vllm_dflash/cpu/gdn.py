@@ -68,11 +68,14 @@ def probe_weight() -> bool:
     from vllm.model_executor.layers import utils
 
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.zeros(4, 1, 3), requires_grad=False)
+    # A GDN conv1d weight [dim, 1, width]; Qwen3.5/3.6 use width 4.
+    layer.weight = torch.nn.Parameter(torch.zeros(64, 1, 4), requires_grad=False)
     try:
         original(utils.dispatch_cpu_unquantized_gemm)(layer, remove_weight=False)
     except ValueError:
-        return True
+        return True  # "too many values to unpack": the defect
+    except RuntimeError:
+        return False  # 0.22+: its own 3-D (conv1d) packing path, bf16 only
     return False
 
 
