@@ -20,11 +20,12 @@ def _cpu_only():
         pytest.skip("CPU backend only")
 
 
-def test_conv1d_weight_dispatch():
+def test_conv1d_weight_dispatch(isolated):
     _cpu_only()
     from vllm.model_executor.layers import utils
 
     assert gdn.probe_weight(), "stock dispatch should reject a 3-D weight here"
+    isolated(gdn.PATCH_RECORDS[0])
     gdn.apply_weight()
     gdn.apply_weight()  # idempotent
     layer = torch.nn.Module()
@@ -39,12 +40,13 @@ def test_conv1d_weight_dispatch():
     torch.testing.assert_close(lin.cpu_linear(x, lin.weight, None), x @ lin.weight.T)
 
 
-def test_gdn_ops_probe_and_routing():
+def test_gdn_ops_probe_and_routing(isolated):
     _cpu_only()
     from vllm.model_executor.layers.fla.ops import index as fla_index
     from vllm.model_executor.layers.mamba import gdn_linear_attn as m
 
     assert gdn.probe_ops(), "vLLM's Triton causal_conv1d_update should fail on CPU"
+    isolated(gdn.PATCH_RECORDS[1])
     gdn.apply_ops()
     assert m.causal_conv1d_update is gdn_ops.causal_conv1d_update
     assert m.fla_chunk_gated_delta_rule is gdn_ops.chunk_gated_delta_rule
