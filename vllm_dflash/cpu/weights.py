@@ -58,7 +58,9 @@ def apply() -> None:
     from vllm.model_executor.layers import utils
     from vllm.model_executor.models import qwen3_dflash
 
-    stock_dispatch = original(utils.dispatch_cpu_unquantized_gemm)
+    # The current function, not vLLM's original: another CPU patch
+    # (cpu_gdn_conv1d_weight) may already wrap it, and both must stay in place.
+    stock_dispatch = utils.dispatch_cpu_unquantized_gemm
 
     def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
         keep = getattr(layer, _KEEP, False)
