@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_dflash.cpu.dflash_inputs import TRITON_SHIM
 from vllm_dflash.registry import original
 from vllm_dflash.spec_decode import mrope_positions as mrope
 
@@ -21,52 +20,7 @@ def test_token_positions():
     assert pos.tolist() == [10, 11, 12, 13, 3, 0, 1]
 
 
-def _capture(method, positions):
-    """Run a set_inputs_first_pass up to the kernel launch; return what it gets."""
-    seen = {}
-
-    class _Stop(Exception):
-        pass
-
-    class _Kernel:
-        def __getitem__(self, grid):
-            def launch(**kw):
-                seen["pos"] = kw["target_positions_ptr"].clone()
-                raise _Stop
-
-            return launch
-
-    class _Cad:
-        max_query_len = 3
-        query_start_loc = torch.tensor([0, 3], dtype=torch.int32)
-        seq_lens = torch.tensor([9], dtype=torch.int32)
-        block_table_tensor = torch.zeros(1, 4, dtype=torch.int32)
-
-        @staticmethod
-        def batch_size() -> int:
-            return 1
-
-    class _Fake(dflash.DFlashProposer):
-        def __getattr__(self, name: str):  # buffers the launch arguments name
-            return None
-
-    fake = object.__new__(_Fake)
-    fake.num_speculative_tokens = 2
-    fake.device = torch.device("cpu")
-    saved = dflash.copy_and_expand_dflash_inputs_kernel, dflash.triton
-    dflash.copy_and_expand_dflash_inputs_kernel = _Kernel()
-    if not hasattr(dflash.triton, "next_power_of_2"):
-        dflash.triton = TRITON_SHIM
-    try:
-        method(
-            fake, torch.zeros(3, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-            positions, torch.zeros(3, 4), None, _Cad(), None,
-        )  # fmt: skip
-    except _Stop:
-        pass
-    finally:
-        dflash.copy_and_expand_dflash_inputs_kernel, dflash.triton = saved
-    return seen["pos"]
+_capture = mrope.kernel_positions
 
 
 def test_stock_passes_mrope_rows_and_patch_passes_token_index():

@@ -44,14 +44,13 @@ def token_positions(
     return start[req] + idx - qsl[req]
 
 
-def probe() -> bool:
-    """Does the proposer hand a 2-D (M-RoPE) position tensor to the kernel?
-
-    Run the stock method up to the kernel launch with (3, N) positions and see
-    what the kernel receives.
-    """
+def kernel_positions(method, positions: torch.Tensor) -> torch.Tensor:
+    """Run a ``set_inputs_first_pass`` (stock or patched) for one request of
+    ``positions.shape[-1]`` new tokens after 6 computed ones, up to the
+    input-expansion kernel launch; return the positions the kernel receives."""
     from vllm.v1.spec_decode import dflash
 
+    n = positions.shape[-1]
     seen: dict[str, torch.Tensor] = {}
 
     class _Stop(Exception):
@@ -60,15 +59,16 @@ def probe() -> bool:
     class _Kernel:
         def __getitem__(self, grid):
             def launch(**kw):
-                seen["pos"] = kw["target_positions_ptr"]
+                seen["pos"] = kw["target_positions_ptr"].clone()
                 raise _Stop
 
             return launch
 
     class _Cad:
-        max_query_len = 2
+        max_query_len = n
+        query_start_loc = torch.tensor([0, n], dtype=torch.int32)
+        seq_lens = torch.tensor([n + 6], dtype=torch.int32)
         block_table_tensor = torch.zeros(1, 4, dtype=torch.int32)
-        query_start_loc = torch.tensor([0, 2], dtype=torch.int32)
 
         @staticmethod
         def batch_size() -> int:
@@ -86,15 +86,23 @@ def probe() -> bool:
     if not hasattr(dflash.triton, "next_power_of_2"):  # no Triton driver (CPU)
         dflash.triton = TRITON_SHIM
     try:
-        original(dflash.DFlashProposer.set_inputs_first_pass)(
-            fake, torch.zeros(2, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-            torch.zeros(3, 2, dtype=torch.long), torch.zeros(2, 4), None, _Cad(), None,
+        method(
+            fake, torch.zeros(n, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+            positions, torch.zeros(n, 4), None, _Cad(), None,
         )  # fmt: skip
     except _Stop:
         pass
     finally:
         dflash.copy_and_expand_dflash_inputs_kernel, dflash.triton = saved
-    return seen["pos"].dim() == 2
+    return seen["pos"]
+
+
+def probe() -> bool:
+    """Does the proposer hand a 2-D (M-RoPE) position tensor to the kernel?"""
+    from vllm.v1.spec_decode import dflash
+
+    stock = original(dflash.DFlashProposer.set_inputs_first_pass)
+    return kernel_positions(stock, torch.zeros(3, 2, dtype=torch.long)).dim() == 2
 
 
 def apply() -> None:
