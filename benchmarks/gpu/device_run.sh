@@ -23,7 +23,14 @@ finish() {
   # the plugin's profiler trace (re-analysable here: step_trace.py --analyse), if it fits
   local t; t=$(ls "$W"/trace/trace-plugin/*.json.gz 2>/dev/null | head -1)
   [ -n "$t" ] && [ "$(stat -c %s "$t")" -lt 15000000 ] && cp "$t" "$OUT/profiler-trace.json.gz"
-  tar -C "$W" --exclude='*.pt.trace.json*' -cJf "$OUT/logs.tar.xz" . 2>/dev/null  # dflash traces too
+  # logs and small results only (no fixtures/weights): under the 16 MiB a file may bring back
+  (cd "$W" && find . -type f -size -8M \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' \
+     -o -name '*.xml' -o -name '*.txt' \) -not -path '*/models/*' -not -path '*/fixtures/*' -print0 \
+     | tar --null -T - -cJf "$OUT/logs.tar.xz") 2>/dev/null
+  # a file that always fits: the last lines of every log
+  for f in $(cd "$W" && find . -name '*.log' -not -path '*/models/*' | sort); do
+    echo "=== $f"; tail -n 40 "$W/$f"
+  done > "$OUT/log-tails.txt" 2>/dev/null
 }
 trap finish EXIT
 if [ ! -d /root/site/vllm ]; then
@@ -47,7 +54,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
   case $stage in
     check)
       timeout "${CHECK_TIMEOUT:-560}" python3 benchmarks/gpu/gpu_check.py --out "$W/check" --budget "${BUDGET:-500}" \
-        --runs "${RUNS:-}" --jobs "${JOBS:-8}" > "$W/check.log" 2>&1
+        --runs "${RUNS:-}" --jobs "${JOBS:-8}" --slots-per-gpu "${SLOTS:-1}" > "$W/check.log" 2>&1
       say "check rc=$?"; grep '^\[gpu_check\]' "$W/check.log" | cut -c1-260 ;;
     pytest)  # the user-facing form of the check: pytest -m gpu (RUNS: GPU_CHECK_RUNS)
       GPU_CHECK_OUT="$W/pytest-gpu" GPU_CHECK_RUNS=${RUNS:-} timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -m gpu tests/gpu \

@@ -110,6 +110,8 @@ def run_one(run: Run, models, out: Path, timeout: float, gpus: str | None) -> di
         cmd.append("--eager")
     if run.tp > 1:
         cmd += ["--tp", str(run.tp)]
+    if SHARED_GPU_KV_GIB:
+        cmd += ["--kv-cache-gib", str(SHARED_GPU_KV_GIB)]
     env = {**os.environ, "VLLM_DFLASH_TRACE": str(trace)}
     env["VLLM_DFLASH_DISABLE"] = "" if run.disable == "*" else run.disable
     if run.disable == "*":
@@ -156,13 +158,21 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, ln in enumerate(lines.splitlines()) if ln.startswith("GPU ")]
 
 
-def execute(runs: list[Run], models, out: Path, budget: float, jobs: int) -> dict:
-    """Single-GPU runs on a pool of GPU slots, then multi-GPU runs one at a time."""
+SHARED_GPU_KV_GIB = 0.0  # set by --slots-per-gpu > 1
+
+
+def execute(
+    runs: list[Run], models, out: Path, budget: float, jobs: int, per_gpu: int = 1
+) -> dict:
+    """Single-GPU runs on a pool of GPU slots (``per_gpu`` engines share a GPU, each
+    with a fixed KV cache so no engine's memory profiling sees another's memory),
+    then multi-GPU runs one at a time."""
     t_start, results = time.time(), {}
     gpus = visible_gpus() or ["0"]
     slots: Queue[str] = Queue()
-    for i in range(max(1, min(jobs, len(gpus)))):
-        slots.put(gpus[i])
+    for _ in range(max(1, per_gpu)):
+        for i in range(max(1, min(jobs, len(gpus)))):
+            slots.put(gpus[i])
 
     def go(run: Run, gpu: str | None) -> None:
         left = budget - (time.time() - t_start) - 30
@@ -412,6 +422,10 @@ def main() -> int:
         "--jobs", type=int, default=8, help="single-GPU engines at once (<= GPUs)"
     )
     ap.add_argument(
+        "--slots-per-gpu", type=int, default=1,
+        help="engines sharing one GPU (tiny models; each gets a fixed 2 GiB KV cache)",
+    )
+    ap.add_argument(
         "--merge", type=Path, nargs="+", help="join these gpu_check.json reports"
     )
     args = ap.parse_args()
@@ -431,7 +445,12 @@ def main() -> int:
 
     models = ensure_gpu_tiny_models(args.models)
     runs = [r for r in RUNS if not wanted or r.name in wanted]
-    results = execute(runs, models, args.out, args.budget, args.jobs)
+    global SHARED_GPU_KV_GIB
+    if args.slots_per_gpu > 1:
+        SHARED_GPU_KV_GIB = 2.0
+    results = execute(
+        runs, models, args.out, args.budget, args.jobs, args.slots_per_gpu
+    )
     results = {r.name: results[r.name] for r in runs}  # RUNS order
     return finish(build_report(results, args.out, models), args.out)
 

@@ -56,6 +56,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--kv-cache-gib", type=float, default=0.0,
+        help="fixed KV cache size (skips vLLM's memory profiling: engines sharing a GPU)",
+    )  # fmt: skip
     args = ap.parse_args()
     from vllm import LLM, SamplingParams
 
@@ -71,6 +75,7 @@ def main() -> None:
         model=args.target, speculative_config=spec, dtype=args.dtype, max_model_len=1024,
         enforce_eager=args.eager, gpu_memory_utilization=0.3, seed=0, max_num_seqs=32,
         disable_log_stats=False, tensor_parallel_size=args.tp,
+        kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) or None,
     )  # fmt: skip
     init_s = time.time() - t0
     result = {"init_s": init_s, "batches": {}}
