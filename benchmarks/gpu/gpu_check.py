@@ -422,7 +422,9 @@ def main() -> int:
         "--jobs", type=int, default=8, help="single-GPU engines at once (<= GPUs)"
     )
     ap.add_argument(
-        "--slots-per-gpu", type=int, default=1,
+        "--slots-per-gpu",
+        type=int,
+        default=1,
         help="engines sharing one GPU (tiny models; each gets a fixed 2 GiB KV cache)",
     )
     ap.add_argument(
