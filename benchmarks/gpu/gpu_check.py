@@ -55,6 +55,7 @@ class Run:
     dtype: str = "bfloat16"
     expect_fail: str = ""  # why this run must not start (a documented refusal/defect)
     fail_pattern: str = ""  # regex the failing run's log must match
+    max_num_seqs: int = 32
 
     @property
     def base(self) -> str:
@@ -87,6 +88,13 @@ RUNS = [
     # Sliding layers on FLEX_ATTENTION: 89.0% = reference while they shared the full
     # layer's metadata builder (window-pruned block masks); own builder since s4.
     Run("swa-eager-fp32", "swa", dtype="float32"),
+    # #50065: 33 sequences x (1 + k=7) = 264 query tokens, padded to the capture
+    # size 272; stock buffers hold 264.
+    Run("dense-graph-seqs33", "dense", eager=False, max_num_seqs=33),
+    Run("dense-graph-seqs33-stock50065", "dense", eager=False, max_num_seqs=33,
+        disable="dflash_query_buffer_padding",
+        expect_fail="vLLM 0.20.1 without #50065: query buffers shorter than the padded batch",
+        fail_pattern=r"size of tensor a \(\d+\) must match|shape|mismatch"),
     # Tensor parallel (2 GPUs): drafter heads split across ranks, fc replicated.
     Run("base-graph-tp2", eager=False, tp=2),
     Run("dense-graph-tp2", "dense", eager=False, tp=2),
@@ -110,6 +118,8 @@ def run_one(run: Run, models, out: Path, timeout: float, gpus: str | None) -> di
         cmd.append("--eager")
     if run.tp > 1:
         cmd += ["--tp", str(run.tp)]
+    if run.max_num_seqs != 32:
+        cmd += ["--max-num-seqs", str(run.max_num_seqs)]
     if SHARED_GPU_KV_GIB:
         cmd += ["--kv-cache-gib", str(SHARED_GPU_KV_GIB)]
     env = {**os.environ, "VLLM_DFLASH_TRACE": str(trace)}

@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--out", required=True)
     ap.add_argument(
         "--kv-cache-gib", type=float, default=0.0,
@@ -73,7 +74,7 @@ def main() -> None:
     t0 = time.time()
     llm = LLM(
         model=args.target, speculative_config=spec, dtype=args.dtype, max_model_len=1024,
-        enforce_eager=args.eager, gpu_memory_utilization=0.3, seed=0, max_num_seqs=32,
+        enforce_eager=args.eager, gpu_memory_utilization=0.3, seed=0, max_num_seqs=args.max_num_seqs,
         disable_log_stats=False, tensor_parallel_size=args.tp,
         kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) or None,
     )  # fmt: skip
