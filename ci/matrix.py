@@ -84,7 +84,7 @@ def run_version(
 ) -> dict:
     tests = ["tests"] if mode == "full" else SMOKE_TESTS
     log = log_dir / f"vllm-{version}.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_DFLASH_MATRIX_MODE": mode}
     t0 = time.monotonic()
     with open(log, "w") as fh:
         rc = subprocess.run(
