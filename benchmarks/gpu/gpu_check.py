@@ -4,10 +4,13 @@
     python benchmarks/gpu/gpu_check.py --out DIR [--runs a,b] [--budget S] [--jobs N]
     python benchmarks/gpu/gpu_check.py --merge DIR1/gpu_check.json DIR2/gpu_check.json --out DIR
 
-Builds the head_dim-128 tiny fixtures, runs one engine per configuration (``RUNS``:
-no speculation, DFlash dense, DFlash sliding-window; eager and CUDA graphs; bf16
-and fp32; each backport disabled in turn; tensor parallel 2), then judges them
-(``evaluate``) and writes DIR/gpu_check.json with the run data and every check:
+Builds the head_dim-128 tiny fixtures (the Qwen3 pair of tiny_models and the
+Qwen3.5-shaped hybrid pair of tiny_hybrid, each only if a selected run uses it),
+runs one engine per configuration (``RUNS``: no speculation, DFlash dense, DFlash
+sliding-window; eager and CUDA graphs; bf16 and fp32; each backport disabled in
+turn; tensor parallel 2; the hybrid target with its sliding + full drafter, text
+prompts, prefix caching off), then judges them (``evaluate``) and writes
+DIR/gpu_check.json with the run data and every check:
 
   * starts       the engine ran (runs with ``expect_fail`` must not: a refusal or
                  a stock-vLLM defect);
@@ -56,14 +59,20 @@ class Run:
     expect_fail: str = ""  # why this run must not start (a documented refusal/defect)
     fail_pattern: str = ""  # regex the failing run's log must match
     max_num_seqs: int = 32
+    # Which fixture pair: "dense" (Qwen3 target; drafters "dense"/"swa") or "hybrid"
+    # (Qwen3.5-shaped GDN + gated-attention target, M-RoPE, vision tower; its one
+    # drafter, sliding + full layers, is named "swa"). Hybrid runs are text-only,
+    # prefix caching off (DFlash + prefix caching on a hybrid target is refused).
+    fixtures: str = "dense"
 
     @property
     def base(self) -> str:
-        """The non-speculative run with the same mode, dtype and TP size."""
+        """The non-speculative run with the same fixtures, mode, dtype and TP size."""
         mode = "eager" if self.eager else "graph"
         tp = f"-tp{self.tp}" if self.tp > 1 else ""
         dt = "-fp32" if self.dtype == "float32" else ""
-        return f"base-{mode}{dt}{tp}"
+        pre = "hybrid-" if self.fixtures == "hybrid" else ""
+        return f"{pre}base-{mode}{dt}{tp}"
 
     @property
     def plugin_counterpart(self) -> str | None:
@@ -103,17 +112,55 @@ RUNS = [
     Run("dense-graph-tp2-noplugin", "dense", eager=False, disable="*", tp=2,
         expect_fail="stock vLLM 0.20.1: custom all-reduce crash in graph capture",
         fail_pattern=r"custom_all_reduce|illegal memory access"),
+    # Qwen3.5/3.6-shaped hybrid target (Gated-DeltaNet + gated attention, M-RoPE)
+    # with a sliding + full drafter: text prompts, batches 1/8/32 like every run.
+    Run("hybrid-base-eager", fixtures="hybrid"),
+    Run("hybrid-swa-eager", "swa", fixtures="hybrid"),
+    Run("hybrid-swa-eager-stock40727", "swa", disable="dflash_aux_layer_shift", fixtures="hybrid"),
+    Run("hybrid-swa-eager-stock40898", "swa", disable="dflash_sliding_window", fixtures="hybrid"),
+    Run("hybrid-base-graph", eager=False, fixtures="hybrid"),
+    Run("hybrid-swa-graph", "swa", eager=False, fixtures="hybrid"),
 ]  # fmt: skip
 BY_NAME = {r.name: r for r in RUNS}
 
 
+@dataclass(frozen=True)
+class Fixtures:
+    """The checkpoints of both fixture pairs (a pair no selected run uses: None)."""
+
+    dense: object | None = None  # tiny_models.TinyModels
+    hybrid: object | None = None  # tiny_hybrid.TinyHybrid
+
+    def target(self, run: Run) -> Path:
+        return getattr(self, run.fixtures).target
+
+    def drafter(self, run: Run) -> Path:
+        pair = getattr(self, run.fixtures)
+        return pair.drafter if run.fixtures == "hybrid" else getattr(pair, run.drafter)
+
+
+def build_fixtures(root: Path, runs: list[Run]) -> Fixtures:
+    from vllm_dflash.testing.tiny_hybrid import ensure_gpu_tiny_hybrid
+    from vllm_dflash.testing.tiny_models import ensure_gpu_tiny_models
+
+    kinds = {r.fixtures for r in runs}
+    return Fixtures(
+        dense=ensure_gpu_tiny_models(root) if "dense" in kinds else None,
+        hybrid=ensure_gpu_tiny_hybrid(root) if "hybrid" in kinds else None,
+    )
+
+
 # ----------------------------------------------------------------------------- runs
-def run_one(run: Run, models, out: Path, timeout: float, gpus: str | None) -> dict:
+def run_one(
+    run: Run, models: Fixtures, out: Path, timeout: float, gpus: str | None
+) -> dict:
     res_file, trace = out / f"{run.name}.json", out / f"{run.name}.trace.jsonl"
     cmd = [sys.executable, str(ROOT / "benchmarks/gpu/run_llm.py"),
-           "--target", str(models.target), "--out", str(res_file), "--dtype", run.dtype]  # fmt: skip
+           "--target", str(models.target(run)), "--out", str(res_file), "--dtype", run.dtype]  # fmt: skip
     if run.drafter:
-        cmd += ["--drafter", str(getattr(models, run.drafter))]
+        cmd += ["--drafter", str(models.drafter(run))]
+    if run.fixtures == "hybrid":
+        cmd += ["--no-prefix-caching", "--mm-limit", "0"]
     if run.eager:
         cmd.append("--eager")
     if run.tp > 1:
@@ -122,6 +169,7 @@ def run_one(run: Run, models, out: Path, timeout: float, gpus: str | None) -> di
         cmd += ["--max-num-seqs", str(run.max_num_seqs)]
     if SHARED_GPU_KV_GIB:
         cmd += ["--kv-cache-gib", str(SHARED_GPU_KV_GIB)]
+    cmd += RUN_LLM_ARGS
     env = {**os.environ, "VLLM_DFLASH_TRACE": str(trace)}
     env["VLLM_DFLASH_DISABLE"] = "" if run.disable == "*" else run.disable
     if run.disable == "*":
@@ -169,10 +217,16 @@ def visible_gpus() -> list[str]:
 
 
 SHARED_GPU_KV_GIB = 0.0  # set by --slots-per-gpu > 1
+RUN_LLM_ARGS: list[str] = []  # --run-llm-args (dry runs on CPU)
 
 
 def execute(
-    runs: list[Run], models, out: Path, budget: float, jobs: int, per_gpu: int = 1
+    runs: list[Run],
+    models: Fixtures,
+    out: Path,
+    budget: float,
+    jobs: int,
+    per_gpu: int = 1,
 ) -> dict:
     """Single-GPU runs on a pool of GPU slots (``per_gpu`` engines share a GPU, each
     with a fixed KV cache so no engine's memory profiling sees another's memory),
@@ -373,7 +427,7 @@ def evaluate(report: dict) -> list[dict]:
     return checks
 
 
-def build_report(runs: dict[str, dict], out: Path, models) -> dict:
+def build_report(runs: dict[str, dict], out: Path, models: Fixtures) -> dict:
     import torch
 
     report = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -391,13 +445,13 @@ def build_report(runs: dict[str, dict], out: Path, models) -> dict:
                     entry[key] = data[key]
             run = BY_NAME[name]
             if run.drafter:
-                drafter_dir = getattr(models, run.drafter)
+                drafter_dir = models.drafter(run)
                 cfg = json.loads((drafter_dir / "config.json").read_text())
                 entry["window"] = cfg.get("sliding_window")
                 entry["sliding_layers"] = (cfg.get("layer_types") or []).count(
                     "sliding_attention"
                 )
-                jobs.append((name, str(out), str(models.target), str(drafter_dir)))
+                jobs.append((name, str(out), str(models.target(run)), str(drafter_dir)))
         report["runs"][name] = entry
     workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
     # spawn: this process may hold a CUDA context, which forked workers must not inherit
@@ -440,6 +494,11 @@ def main() -> int:
     ap.add_argument(
         "--merge", type=Path, nargs="+", help="join these gpu_check.json reports"
     )
+    ap.add_argument(
+        "--run-llm-args", default="",
+        help="appended to every run_llm.py command (a CPU dry run: "
+        "'--batch-sizes 1,4 --max-tokens 12 --dtype float32')",
+    )  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
@@ -453,11 +512,10 @@ def main() -> int:
     unknown = wanted - set(BY_NAME)
     if unknown:
         ap.error(f"--runs: unknown run(s) {sorted(unknown)}; known: {list(BY_NAME)}")
-    from vllm_dflash.testing.tiny_models import ensure_gpu_tiny_models
-
-    models = ensure_gpu_tiny_models(args.models)
     runs = [r for r in RUNS if not wanted or r.name in wanted]
-    global SHARED_GPU_KV_GIB
+    models = build_fixtures(args.models, runs)
+    global SHARED_GPU_KV_GIB, RUN_LLM_ARGS
+    RUN_LLM_ARGS = args.run_llm_args.split()
     if args.slots_per_gpu > 1:
         SHARED_GPU_KV_GIB = 2.0
     results = execute(

@@ -12,11 +12,10 @@ import json
 import os
 import time
 
-# collective_rpc with a function (the drafter KV report) pickles it by value.
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-
 
 def prompts(n: int, vocab: int = 500) -> list[list[int]]:
+    """Token ids 4..503: above the fixtures' special tokens (0..3) and below the
+    hybrid fixture's vision tokens (504..507; tiny_hybrid.IMAGE_ID)."""
     return [
         [4 + (i * 37 + j * 11) % vocab for j in range(8 + (i * 13) % 90)]
         for i in range(n)
@@ -61,8 +60,24 @@ def main() -> None:
         "--kv-cache-gib", type=float, default=0.0,
         help="fixed KV cache size (skips vLLM's memory profiling: engines sharing a GPU)",
     )  # fmt: skip
+    ap.add_argument(
+        "--no-prefix-caching", action="store_true",
+        help="hybrid targets: DFlash + prefix caching is refused there",
+    )  # fmt: skip
+    ap.add_argument(
+        "--mm-limit", type=int, default=None,
+        help="multimodal targets: images per prompt (videos: 0); 0 = text only",
+    )  # fmt: skip
     args = ap.parse_args()
+    # collective_rpc with a function (the drafter KV report) pickles it by value.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM, SamplingParams
+
+    extra = {}
+    if args.no_prefix_caching:
+        extra["enable_prefix_caching"] = False
+    if args.mm_limit is not None:
+        extra["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
 
     spec = None
     if args.drafter:
@@ -76,7 +91,7 @@ def main() -> None:
         model=args.target, speculative_config=spec, dtype=args.dtype, max_model_len=1024,
         enforce_eager=args.eager, gpu_memory_utilization=0.3, seed=0, max_num_seqs=args.max_num_seqs,
         disable_log_stats=False, tensor_parallel_size=args.tp,
-        kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) or None,
+        kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) or None, **extra,
     )  # fmt: skip
     init_s = time.time() - t0
     result = {"init_s": init_s, "batches": {}}

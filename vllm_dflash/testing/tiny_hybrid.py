@@ -64,15 +64,21 @@ class HybridSpec:
 
 
 HYBRID = HybridSpec()
-# TargetSpec view of the text model (drafter_config reads these fields).
-_TEXT = TargetSpec(
-    hidden_size=HYBRID.hidden_size,
-    num_layers=HYBRID.num_layers,
-    num_heads=HYBRID.num_heads,
-    num_kv_heads=HYBRID.num_kv_heads,
-    head_dim=HYBRID.head_dim,
-    intermediate_size=HYBRID.intermediate_size,
-)
+
+
+def text_spec(spec: HybridSpec) -> TargetSpec:
+    """TargetSpec view of the text model (drafter_config reads these fields)."""
+    return TargetSpec(
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+    )
+
+
+_TEXT = text_spec(HYBRID)
 HYBRID_DRAFTER = DrafterSpec(
     name="drafter-hybrid",
     layer_types=("sliding_attention", "sliding_attention", "full_attention"),
@@ -214,26 +220,57 @@ class TinyHybrid:
     drafter: Path
 
 
-def ensure_tiny_hybrid(cache_dir: Path | None = None) -> TinyHybrid:
-    """Build (once) and return the tiny hybrid target and its drafter."""
+def _ensure(
+    cache_dir: Path | None, prefix: str, spec: HybridSpec, drafter: DrafterSpec
+) -> TinyHybrid:
     root = (cache_dir or default_cache_dir()) / (
-        "hybrid-" + _fingerprint(HYBRID_VERSION, HYBRID, HYBRID_DRAFTER)
+        prefix + _fingerprint(HYBRID_VERSION, spec, drafter)
     )
-    models = TinyHybrid(
-        root=root, target=root / "target", drafter=root / HYBRID_DRAFTER.name
-    )
+    models = TinyHybrid(root=root, target=root / "target", drafter=root / drafter.name)
     if not (root / ".complete").exists():
-        build_hybrid_target(models.target)
-        build_drafter(models.drafter, HYBRID_DRAFTER, _TEXT)
+        build_hybrid_target(models.target, spec)
+        build_drafter(models.drafter, drafter, text_spec(spec))
         (root / ".complete").write_text("ok\n")
     return models
+
+
+def ensure_tiny_hybrid(cache_dir: Path | None = None) -> TinyHybrid:
+    """Build (once) and return the tiny hybrid target and its drafter."""
+    return _ensure(cache_dir, "hybrid-", HYBRID, HYBRID_DRAFTER)
+
+
+# GPU variant (benchmarks/gpu/gpu_check.py): the same structure with head sizes the
+# CUDA kernels are built for. Attention head_dim 128 (FlashAttention: multiples of 8
+# up to 256), GDN key/value head dims 128 as in Qwen3.5/3.6 (FLA kernels: K <= 256),
+# partial rotary 0.25 -> 32 rotary dims -> 16 M-RoPE frequencies (6 + 5 + 5), vision
+# heads of 64. Target attention and drafter layers have the same KV bytes per token
+# (1 KV head of 128), so vLLM can unify their pages with the GDN state pages.
+GPU_HYBRID = HybridSpec(
+    hidden_size=256, num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=512,
+    linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=128, linear_value_head_dim=128,
+    mrope_section=(6, 5, 5), vision_hidden=128, vision_heads=2,
+)  # fmt: skip
+GPU_HYBRID_DRAFTER = DrafterSpec(
+    name="drafter-hybrid",
+    layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+    target_layer_ids=(1, 3, 6),  # GDN, gated attention, GDN
+    sliding_window=6, seed=12,
+    num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=512,
+)  # fmt: skip
+
+
+def ensure_gpu_tiny_hybrid(cache_dir: Path | None = None) -> TinyHybrid:
+    """The hybrid pair with CUDA-kernel-friendly head sizes (GPU check)."""
+    return _ensure(cache_dir, "gpu-hybrid-", GPU_HYBRID, GPU_HYBRID_DRAFTER)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", type=Path, default=None)
+    parser.add_argument("--gpu", action="store_true", help="the GPU variant")
     args = parser.parse_args()
-    models = ensure_tiny_hybrid(args.out)
+    models = (ensure_gpu_tiny_hybrid if args.gpu else ensure_tiny_hybrid)(args.out)
     print(json.dumps({k: str(v) for k, v in models.__dict__.items()}, indent=1))
 
 
