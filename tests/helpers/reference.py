@@ -77,6 +77,22 @@ def gated_delta_rule_f64(
     return out.to(query.dtype), (state if output_final_state else None)
 
 
+def _depthwise_conv1d_f64(conv: torch.nn.Conv1d):
+    """The GDN layer's depthwise causal conv (``groups == channels``) as W shifted
+    multiply-adds: torch's float64 CPU conv1d loops over the groups (seconds per
+    call at 1024 channels, the GPU fixture's width). Same padding and output length."""
+    pad, width = conv.padding[0], conv.kernel_size[0]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        xp = F.pad(x, (pad, pad))
+        n = xp.shape[-1] - width + 1
+        w = conv.weight[:, 0]  # [C, W]
+        out = sum(w[None, :, j, None] * xp[..., j : j + n] for j in range(width))
+        return out if conv.bias is None else out + conv.bias[None, :, None]
+
+    return forward
+
+
 def _load_target(target_dir: Path) -> torch.nn.Module:
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     if "text_config" in cfg:  # multimodal wrapper (Qwen3.5/3.6)
@@ -89,6 +105,9 @@ def _load_target(target_dir: Path) -> torch.nn.Module:
             if hasattr(module, "chunk_gated_delta_rule"):
                 module.chunk_gated_delta_rule = gated_delta_rule_f64
                 module.recurrent_gated_delta_rule = gated_delta_rule_f64
+                conv = module.conv1d
+                assert conv.groups == conv.in_channels == conv.out_channels
+                conv.forward = _depthwise_conv1d_f64(conv)
         return model
     from transformers import AutoModelForCausalLM
 
