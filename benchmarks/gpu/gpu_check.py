@@ -139,15 +139,26 @@ class Fixtures:
         return pair.drafter if run.fixtures == "hybrid" else getattr(pair, run.drafter)
 
 
-def build_fixtures(root: Path, runs: list[Run]) -> Fixtures:
-    from vllm_dflash.testing.tiny_hybrid import ensure_gpu_tiny_hybrid
+def build_fixtures(root: Path, runs: list[Run]) -> tuple[Fixtures, dict[str, str]]:
+    """The pairs the runs use, and why a pair could not be built (its runs are
+    then reported as skipped, the others still run): e.g. a transformers
+    without Qwen3.5 for the hybrid pair."""
     from vllm_dflash.testing.tiny_models import ensure_gpu_tiny_models
 
-    kinds = {r.fixtures for r in runs}
-    return Fixtures(
-        dense=ensure_gpu_tiny_models(root) if "dense" in kinds else None,
-        hybrid=ensure_gpu_tiny_hybrid(root) if "hybrid" in kinds else None,
-    )
+    def hybrid(root: Path):
+        from vllm_dflash.testing.tiny_hybrid import ensure_gpu_tiny_hybrid
+
+        return ensure_gpu_tiny_hybrid(root)
+
+    built, errors = {}, {}
+    for kind, ensure in (("dense", ensure_gpu_tiny_models), ("hybrid", hybrid)):
+        if any(r.fixtures == kind for r in runs):
+            try:
+                built[kind] = ensure(root)
+            except Exception as e:
+                errors[kind] = f"{kind} fixtures not built: {type(e).__name__}: {e}"
+                print(f"[gpu_check] {errors[kind]}", flush=True)
+    return Fixtures(**built), errors
 
 
 # ----------------------------------------------------------------------------- runs
@@ -513,14 +524,18 @@ def main() -> int:
     if unknown:
         ap.error(f"--runs: unknown run(s) {sorted(unknown)}; known: {list(BY_NAME)}")
     runs = [r for r in RUNS if not wanted or r.name in wanted]
-    models = build_fixtures(args.models, runs)
+    models, fixture_errors = build_fixtures(args.models, runs)
     global SHARED_GPU_KV_GIB, RUN_LLM_ARGS
     RUN_LLM_ARGS = args.run_llm_args.split()
     if args.slots_per_gpu > 1:
         SHARED_GPU_KV_GIB = 2.0
     results = execute(
-        runs, models, args.out, args.budget, args.jobs, args.slots_per_gpu
-    )
+        [r for r in runs if r.fixtures not in fixture_errors],
+        models, args.out, args.budget, args.jobs, args.slots_per_gpu,
+    )  # fmt: skip
+    for r in runs:
+        if r.fixtures in fixture_errors:
+            results[r.name] = {"rc": None, "skipped": fixture_errors[r.fixtures]}
     results = {r.name: results[r.name] for r in runs}  # RUNS order
     return finish(build_report(results, args.out, models), args.out)
 

@@ -174,3 +174,20 @@ def test_gpu_hybrid_fixture_fits_the_cuda_kernels():
     assert D.num_kv_heads * D.head_dim == H.num_kv_heads * H.head_dim
     assert max(t for p in prompts(32) for t in p) < IMAGE_ID
     assert min(t for p in prompts(32) for t in p) >= 4
+
+
+def test_a_pair_that_cannot_be_built_skips_only_its_runs(monkeypatch, tmp_path):
+    """E.g. a transformers without Qwen3.5 on the GPU host: the hybrid runs are
+    reported as skipped (a failed ``starts``), the dense runs still run."""
+    import vllm_dflash.testing.tiny_hybrid as tiny_hybrid
+    from benchmarks.gpu.gpu_check import build_fixtures
+
+    def missing(root):
+        raise ImportError("cannot import name 'Qwen3_5Config'")
+
+    monkeypatch.setattr(tiny_hybrid, "ensure_gpu_tiny_hybrid", missing)
+    fx, errors = build_fixtures(tmp_path, [BY_NAME["hybrid-swa-eager"]])
+    assert fx.hybrid is None and set(errors) == {"hybrid"}
+    assert "Qwen3_5Config" in errors["hybrid"]
+    report = {"runs": {"hybrid-swa-eager": {"rc": None, "skipped": errors["hybrid"]}}}
+    assert failed(report) == {("starts", "hybrid-swa-eager")}
