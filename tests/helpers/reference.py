@@ -23,6 +23,7 @@ which compute in float32.
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,20 +78,18 @@ def gated_delta_rule_f64(
     return out.to(query.dtype), (state if output_final_state else None)
 
 
-def _depthwise_conv1d_f64(conv: torch.nn.Conv1d):
+def _depthwise_conv1d_f64(conv: torch.nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     """The GDN layer's depthwise causal conv (``groups == channels``) as W shifted
     multiply-adds: torch's float64 CPU conv1d loops over the groups (seconds per
-    call at 1024 channels, the GPU fixture's width). Same padding and output length."""
+    call at 1024 channels, the GPU fixture's width). Same padding and output length.
+    Bound as ``conv.forward`` with MethodType, so a deepcopy of the model keeps it
+    bound to its own weights."""
     pad, width = conv.padding[0], conv.kernel_size[0]
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        xp = F.pad(x, (pad, pad))
-        n = xp.shape[-1] - width + 1
-        w = conv.weight[:, 0]  # [C, W]
-        out = sum(w[None, :, j, None] * xp[..., j : j + n] for j in range(width))
-        return out if conv.bias is None else out + conv.bias[None, :, None]
-
-    return forward
+    xp = F.pad(x, (pad, pad))
+    n = xp.shape[-1] - width + 1
+    w = conv.weight[:, 0]  # [C, W]
+    out = sum(w[None, :, j, None] * xp[..., j : j + n] for j in range(width))
+    return out if conv.bias is None else out + conv.bias[None, :, None]
 
 
 def _load_target(target_dir: Path) -> torch.nn.Module:
@@ -107,7 +106,7 @@ def _load_target(target_dir: Path) -> torch.nn.Module:
                 module.recurrent_gated_delta_rule = gated_delta_rule_f64
                 conv = module.conv1d
                 assert conv.groups == conv.in_channels == conv.out_channels
-                conv.forward = _depthwise_conv1d_f64(conv)
+                conv.forward = types.MethodType(_depthwise_conv1d_f64, conv)
         return model
     from transformers import AutoModelForCausalLM
 
