@@ -68,6 +68,10 @@ def main() -> None:
         "--mm-limit", type=int, default=None,
         help="multimodal targets: images per prompt (videos: 0); 0 = text only",
     )  # fmt: skip
+    ap.add_argument(
+        "--gdn-prefill-backend", default=None,
+        help="hybrid targets: 'triton' where flashinfer is absent (the carried bundle)",
+    )  # fmt: skip
     args = ap.parse_args()
     # collective_rpc with a function (the drafter KV report) pickles it by value.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -76,6 +80,8 @@ def main() -> None:
     extra = {}
     if args.no_prefix_caching:
         extra["enable_prefix_caching"] = False
+    if args.gdn_prefill_backend:
+        extra["gdn_prefill_backend"] = args.gdn_prefill_backend
     if args.mm_limit is not None:
         extra["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
 
