@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,16 +26,25 @@ def pytest_configure(config) -> None:
     )
 
 
-def skip_unless_needed(patch_name: str) -> None:
-    """Skip a "this patch matters" test where the running vLLM does not need it
-    (fixed upstream, or the defect is absent on this CPU)."""
+def needed_here(patch_name: str) -> tuple[bool, str]:
+    """Whether the running vLLM needs the patch, and why not if it does not."""
     from vllm_dflash.catalog import PATCHES
     from vllm_dflash.registry import evaluate
 
     patch = next(p for p in PATCHES if p.name == patch_name)
     result = evaluate(patch, apply=False)
-    if result.state.value != "applied":
-        pytest.skip(f"{patch_name}: {result.state.value} here ({result.reason})")
+    return (
+        result.state.value == "applied",
+        f"{result.state.value} here ({result.reason})",
+    )
+
+
+def skip_unless_needed(patch_name: str) -> None:
+    """Skip a "this patch matters" test where the running vLLM does not need it
+    (fixed upstream, or the defect is absent on this CPU)."""
+    needed, why = needed_here(patch_name)
+    if not needed:
+        pytest.skip(f"{patch_name}: {why}")
 
 
 def _resolve(target: str) -> tuple[object, str]:
@@ -103,6 +114,7 @@ class OfflineRunner:
         self.workdir = workdir
         self.models = models
         self._cache: dict[tuple, RunResult] = {}
+        self._tags = itertools.count()
 
     def run(
         self,
@@ -141,7 +153,7 @@ class OfflineRunner:
         )
         if key in self._cache:
             return self._cache[key]
-        tag = f"run{len(self._cache)}"
+        tag = f"run{next(self._tags)}"
         out = self.workdir / f"{tag}.json"
         trace = self.workdir / f"{tag}.jsonl"
         cmd = [
@@ -214,6 +226,13 @@ class OfflineRunner:
         res = RunResult(rc, data, records, log)
         self._cache[key] = res
         return res
+
+    def run_many(self, configs: list[dict], jobs: int = 2) -> list[RunResult]:
+        """``run(**config)`` for each config, ``jobs`` engine processes at a time
+        (engine start-up is mostly single-threaded Python: two overlap well on
+        two cores). Results in the order of ``configs``."""
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(lambda kw: self.run(**kw), configs))
 
 
 @pytest.fixture(scope="session")
