@@ -57,6 +57,8 @@ def compare(
     unequal token whose float64 logit gap is below ``near_tie`` x the logit
     range counts in ``near_ties``."""
     seqs = sequences_by_request(run)
+    # image specs per request (image prompts; see tests/helpers/images.py)
+    images = dict(zip(run["request_ids"], run.get("images") or [], strict=False))
     feats_cache: dict[int, object] = {}
     stats = MatchStats(0, 0, 0, 0)
     for rec in trace:
@@ -70,7 +72,10 @@ def compare(
         )
         key = id(full)
         if key not in feats_cache:
-            feats_cache[key] = ref.features(full)  # causal: prefixes reuse it
+            # causal: prefixes reuse it
+            feats_cache[key] = ref.features(
+                full, _lookup(images, rec["request_id"]) if images else None
+            )
         k = len(rec["draft_token_ids"])
         want, logits = ref.draft(seq, k, feats=feats_cache[key][: n - 1])
         eq = sum(int(a == b) for a, b in zip(want, rec["draft_token_ids"], strict=True))

@@ -33,6 +33,19 @@ def shared_prefix_prompts(
     return out
 
 
+def _request(prompt) -> dict:
+    if not isinstance(prompt, dict):
+        return {"prompt_token_ids": prompt}
+    from tests.helpers.images import make_image
+
+    request = {"prompt_token_ids": prompt["prompt_token_ids"]}
+    if prompt.get("images"):
+        request["multi_modal_data"] = {
+            "image": [make_image(*spec) for spec in prompt["images"]]
+        }
+    return request
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
@@ -40,7 +53,18 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--prompts", help="JSON file: a list of token-id lists")
+    ap.add_argument(
+        "--prompts",
+        help="JSON file: a list of prompts, each a token-id list or "
+        '{"prompt_token_ids": [...], "images": [[width, height, seed], ...]} '
+        "(tests/helpers/images.py; the ids hold image_placeholder() per image)",
+    )
+    ap.add_argument(
+        "--batches",
+        action="store_true",
+        help="--prompts holds a list of batches (lists of prompts): one generate "
+        "call each, in order; results are concatenated, 'batch' says which",
+    )
     ap.add_argument("--prefix-caching", action="store_true")
     ap.add_argument("--prompt-set", choices=("mixed", "shared-prefix"), default="mixed")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -100,10 +124,15 @@ def main() -> None:
     else:
         ps = prompts(args.num_prompts)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in ps], params)
+    batches = ps if args.batches else [ps]
     if args.repeat:
-        outs = outs + llm.generate([{"prompt_token_ids": p} for p in ps], params)
-        ps = ps + ps
+        batches = batches + batches
+    outs, images, batch_of = [], [], []
+    for b, batch in enumerate(batches):
+        requests = [_request(p) for p in batch]
+        outs += llm.generate(requests, params)
+        images += [list(p["images"]) if isinstance(p, dict) else [] for p in batch]
+        batch_of += [b] * len(batch)
     counters, cache = {}, {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
@@ -111,7 +140,10 @@ def main() -> None:
         elif m.name.startswith("vllm:prefix_cache") and hasattr(m, "value"):
             cache[m.name] = m.value
     result = {
-        "prompts": ps,
+        # as the engine saw them: an image placeholder expanded to its tokens
+        "prompts": [list(o.prompt_token_ids) for o in outs],
+        "images": images,
+        "batch": batch_of,
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "request_ids": [o.request_id for o in outs],
         "spec_decode": counters,

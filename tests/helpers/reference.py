@@ -17,11 +17,14 @@ Hybrid targets (Qwen3.5/3.6, ``Qwen3_5ForConditionalGeneration``): features
 come from transformers' model the same way (``hidden_states[id + 1]`` of the
 language model); its Gated-DeltaNet layers run a plain per-token float64
 recurrence (:func:`gated_delta_rule_f64`) instead of transformers' fallbacks,
-which compute in float32.
+which compute in float32. Image prompts: transformers' model gets the images
+(:meth:`Reference.mm_inputs`) and computes its M-RoPE positions itself; the
+drafter's positions stay the token index (docs/hybrid.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import types
 from dataclasses import dataclass
@@ -92,6 +95,23 @@ def _depthwise_conv1d_f64(conv: torch.nn.Conv1d, x: torch.Tensor) -> torch.Tenso
     return out if conv.bias is None else out + conv.bias[None, :, None]
 
 
+def one_thread(fn):
+    """Run ``fn`` with one torch thread: the reference's float64 ops are small,
+    and with 2 threads on a busy 2-core machine they spent most of their time
+    waiting on each other (drafts of one test: 36 s with 2 threads, 0.9 s with 1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
+
+
 def _load_target(target_dir: Path) -> torch.nn.Module:
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     if "text_config" in cfg:  # multimodal wrapper (Qwen3.5/3.6)
@@ -125,6 +145,7 @@ class Reference:
     mask_id: int
     layer_types: list[str]
     window: int | None
+    target_dir: Path | None = None
 
     @classmethod
     def load(cls, target_dir: Path, drafter_dir: Path) -> Reference:
@@ -145,18 +166,54 @@ class Reference:
             mask_id=int(dcfg["dflash_config"]["mask_token_id"]),
             layer_types=dcfg.get("layer_types") or ["full_attention"] * n,
             window=dcfg.get("sliding_window"),
+            target_dir=Path(target_dir),
         )
 
+    def mm_inputs(self, seq: list[int], images: list | None) -> dict:
+        """transformers' image inputs for ``seq`` (Qwen3.5: pixel values from the
+        checkpoint's own image processor, as vLLM feeds its vision tower, the
+        grid, and which tokens are image tokens; M-RoPE follows from them).
+        ``images``: ``[width, height, seed]`` specs (tests/helpers/images.py)."""
+        if not images:
+            return {}
+        from transformers import AutoImageProcessor
+
+        from tests.helpers.images import make_image
+
+        proc = AutoImageProcessor.from_pretrained(self.target_dir)
+        px = proc(images=[make_image(*spec) for spec in images], return_tensors="pt")
+        ids = torch.tensor([seq])
+        return {
+            "pixel_values": px["pixel_values"].to(DT),
+            "image_grid_thw": px["image_grid_thw"],
+            "mm_token_type_ids": (ids == self.target_cfg["image_token_id"]).long(),
+        }
+
+    @one_thread
     @torch.no_grad()
-    def features(self, seq: list[int]) -> torch.Tensor:
-        """[len(seq), hidden * len(layer_ids)]: output of each chosen target layer."""
-        out = self.target(torch.tensor([seq]), output_hidden_states=True)
+    def logits(self, seq: list[int], images: list | None = None) -> torch.Tensor:
+        """[len(seq), vocab]: the target's float64 logits."""
+        out = self.target(torch.tensor([seq]), **self.mm_inputs(seq, images))
+        return out.logits[0]
+
+    @one_thread
+    @torch.no_grad()
+    def features(self, seq: list[int], images: list | None = None) -> torch.Tensor:
+        """[len(seq), hidden * len(layer_ids)]: output of each chosen target layer
+        (``images``: see :meth:`mm_inputs`; the drafter's own positions stay the
+        token index, see :meth:`draft`)."""
+        out = self.target(
+            torch.tensor([seq]),
+            output_hidden_states=True,
+            **self.mm_inputs(seq, images),
+        )
         n_layers = self.target_cfg.get("text_config", self.target_cfg)[
             "num_hidden_layers"
         ]
         assert all(i < n_layers - 1 for i in self.layer_ids)  # hs[L] is normed
         return torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], -1)
 
+    @one_thread
     @torch.no_grad()
     def draft(
         self, seq: list[int], k: int, feats: torch.Tensor | None = None

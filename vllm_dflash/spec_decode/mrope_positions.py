@@ -13,11 +13,13 @@ lands in the wrong slots: the draft attends to the wrong keys.
 
 Choice: the drafter is a text model with 1-D RoPE and gets the token index for
 RoPE and slots alike. z-lab's reference (``dflash/model.py:dflash_generate``)
-runs the drafter with ``position_ids = arange(sequence length)``, i.e. token
-indices; its training data are text. (TensorRT-LLM's Qwen3.5 DFlash,
-NVIDIA/TensorRT-LLM#13782, instead feeds the drafter the M-RoPE text row; for
-text-only prompts the two agree.) KV slots must follow the token index either
-way, because the drafter's block table and sequence lengths count tokens.
+runs the drafter with ``position_ids = arange(sequence length)``; SGLang's
+``dflash_worker.py`` uses the token index for the context keys and the query
+block of any target; TensorRT-LLM (#13782) uses M-RoPE row 0 for the prompt's
+context keys but the token index for later keys and the query block. For
+text-only prompts all agree. KV slots must follow the token index either way,
+because the drafter's block table and sequence lengths count tokens
+(docs/hybrid.md; tests/e2e/test_hybrid_images.py).
 """
 
 from __future__ import annotations

@@ -96,10 +96,21 @@ def collect_records(
     query_start_loc_cpu: torch.Tensor,
     num_rejected: torch.Tensor | None,
     drafts: torch.Tensor,
+    seq_lens: torch.Tensor | None = None,
 ) -> list[dict]:
     batch = drafts.shape[0]
     tokens = target_token_ids.tolist()
-    positions = target_positions.reshape(-1, target_positions.shape[-1])[0].tolist()
+    if target_positions.dim() == 2 and seq_lens is not None:
+        # M-RoPE (3, N): after an image no row is the token index; records and
+        # the history count tokens, computed like dflash_mrope_token_positions.
+        from vllm_dflash.spec_decode.mrope_positions import token_positions
+
+        qsl_t = query_start_loc_cpu[: batch + 1]
+        positions = token_positions(
+            qsl_t, seq_lens[:batch].cpu(), int(qsl_t[-1])
+        ).tolist()
+    else:
+        positions = target_positions.reshape(-1, target_positions.shape[-1])[0].tolist()
     qsl = query_start_loc_cpu[: batch + 1].tolist()
     rejected = (
         num_rejected[:batch].tolist() if num_rejected is not None else [0] * batch
@@ -176,6 +187,7 @@ def apply() -> None:
                 cad.query_start_loc_cpu,
                 a.get("num_rejected_tokens_gpu"),
                 drafts,
+                cad.seq_lens,
             )
         )
         return drafts

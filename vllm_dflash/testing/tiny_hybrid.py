@@ -36,7 +36,14 @@ from vllm_dflash.testing.tiny_models import (
 )
 
 IMAGE_ID, VIDEO_ID, VISION_START_ID, VISION_END_ID = 504, 505, 506, 507
-HYBRID_VERSION = "1"
+# 2: the vision special tokens are named (Qwen's processor looks them up by name).
+HYBRID_VERSION = "2"
+VISION_TOKENS = {
+    IMAGE_ID: "<|image_pad|>",
+    VIDEO_ID: "<|video_pad|>",
+    VISION_START_ID: "<|vision_start|>",
+    VISION_END_ID: "<|vision_end|>",
+}
 
 
 @dataclass(frozen=True)
@@ -188,8 +195,25 @@ def build_hybrid_target(out: Path, spec: HybridSpec = HYBRID) -> Path:
         json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
     )
     _tokenizer_files(out)
+    _name_vision_tokens(out)
     _processor_files(out, spec)
     return out
+
+
+def _name_vision_tokens(out: Path) -> None:
+    """Give ids 504..507 the names Qwen's processor (transformers and vLLM) looks
+    up (``<|image_pad|>`` ...), as special tokens, so image prompts work offline."""
+    path = out / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    for tid, name in VISION_TOKENS.items():
+        del vocab[f"<t{tid}>"]
+        vocab[name] = tid
+        tok["added_tokens"].append(
+            {"id": tid, "content": name, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True}
+        )  # fmt: skip
+    path.write_text(json.dumps(tok))
 
 
 def _processor_files(out: Path, spec: HybridSpec) -> None:
