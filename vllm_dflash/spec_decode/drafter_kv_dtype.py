@@ -11,8 +11,9 @@ fp8 and the drafter's bf16:
   (and the mamba page aligned to it); ``unify_kv_cache_spec_page_size`` scales
   the ``MambaSpec`` block size, which does not change its page, and asserts
   (vLLM #43626, #46480);
-* every target on CUDA: ``KVBlockZeroer.init_meta`` asserts "Non-uniform page
-  sizes" over the attention groups (fp8 target pages vs bf16 drafter pages).
+* on CUDA ``KVBlockZeroer.init_meta`` asserts "Non-uniform page sizes" when the
+  attention layers' pages differ (fp8 target vs bf16 drafter; reported in vLLM
+  #37429's discussion for a DFlash + fp8 port, not reproduced here).
 
 Upstream fixed it in #42692 (released in 0.22.0) by passing the engine's
 ``cache_config`` to the drafter layers: the drafter then stores its K/V in the
@@ -131,8 +132,7 @@ PATCH = Patch(
     "(fp8 with fp8), not always the model dtype.",
     why="0.20.x/0.21.x build the drafter layers without a cache config: with "
     "--kv-cache-dtype fp8 the drafter keeps bf16 pages, so a hybrid (GDN) target "
-    "asserts in unify_kv_cache_spec_page_size (vllm#43626, #46480) and CUDA "
-    "asserts 'Non-uniform page sizes' in KVBlockZeroer.",
+    "asserts in unify_kv_cache_spec_page_size at start-up (vllm#43626, #46480).",
     upstream="vllm-project/vllm#42692 (released in 0.22.0)",
     versions=V020,
     platforms=ALL_PLATFORMS,
