@@ -119,3 +119,27 @@ def test_inspect_cli_memory_report(tmp_path, capsys):
     assert "k=7" in out and "GDN state / request" in out and "max concurrency" in out
     assert main(args) == 0  # no GPU memory given: per-request bytes only
     assert "KV / request" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kv,drafter_kv_heads", [("auto", 8), ("fp8", 8), ("auto", 16)])
+def test_dense_target_plan_equals_vllm(kv, drafter_kv_heads):
+    """Attention-only target (Qwen3-8B-shaped): one group of all layers."""
+    target = {
+        "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "num_hidden_layers": 36, "intermediate_size": 12288, "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    drafter = dict(target, num_hidden_layers=5, num_key_value_heads=drafter_kv_heads)
+    vc = kv_specs.vllm_config_for(target, 15, kv)
+    specs = {f"t.{i}": kv_specs._attention_spec(vc, kv, 8, 128) for i in range(36)}
+    specs |= {
+        f"d.{i}": kv_specs._attention_spec(vc, kv, drafter_kv_heads, 128)
+        for i in range(5)
+    }
+    available = 20 * GIB
+    vllm = kv_specs.layout(vc, specs, available)
+    p = kv_memory.plan(target, drafter, 15, kv)
+    assert len(vllm["groups"]) == 1 and not p.hybrid
+    assert p.num_blocks(available) == vllm["num_blocks"]
+    assert p.max_concurrency(available) == pytest.approx(vllm["max_concurrency"])
