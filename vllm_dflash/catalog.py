@@ -23,6 +23,7 @@ from vllm_dflash.entrypoints import arg_parser, argv_rebuild
 from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
+    drafter_kv_dtype,
     flex_cudagraph,
     mrope_positions,
     query_buffers,
@@ -38,6 +39,7 @@ PATCHES: tuple[Patch, ...] = (
     sliding_window.FIELDS_PATCH,
     lookahead_slots.PATCH,
     draft_slot_budget.PATCH,
+    drafter_kv_dtype.PATCH,
     runner.PATCH,
     weights.PATCH,
     rejection.PATCH,

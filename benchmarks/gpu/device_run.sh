@@ -6,7 +6,9 @@
 # PERF_CONC, PERF_TP, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES, SAMPLING_N), trace (step_trace.py:
-# profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary).
+# profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary), hybrid
+# (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
+# HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs).
 set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,7 +20,7 @@ say() { echo "[device $(( $(date +%s) - T0 ))s] $*" | tee -a "$W/device.log"; }
 finish() {
   cp "$W/device.log" "$OUT/" 2>/dev/null
   cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$W/swa.jsonl" \
-    "$W/pytest-gpu.xml" "$W/pytest-gpu_check.json" "$OUT/" 2>/dev/null
+    "$W/pytest-gpu.xml" "$W/pytest-gpu_check.json" "$W/hybrid.jsonl" "$OUT/" 2>/dev/null
   cp "$W"/trace/summary-*.json "$OUT/" 2>/dev/null
   # the plugin's profiler trace (re-analysable here: step_trace.py --analyse), if it fits
   local t; t=$(ls "$W"/trace/trace-plugin/*.json.gz 2>/dev/null | head -1)
@@ -96,6 +98,12 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
         > "$W/sampling.log" 2>&1
       say "sampling rc=$?"; grep -A12 '^\[sampling_check\]' "$W/sampling.log" | cut -c1-600
       cp "$W/sampling/sampling_check.json" "$OUT/" 2>/dev/null ;;
+    hybrid)  # hybrid_pair.py: one engine per stage, JSON lines in hybrid.jsonl
+      # shellcheck disable=SC2086
+      timeout "${HYBRID_TIMEOUT:-460}" python3 benchmarks/gpu/hybrid_pair.py "$W/hybrid.jsonl" \
+        --stages "${HYBRID_STAGES:-dflash_fp8,nospec_fp8,dflash_bf16,dflash_fp8_stock}" \
+        --deadline "${HYBRID_DEADLINE:-380}" --logs "$W/hybrid" ${HYBRID_ARGS:-} > "$W/hybrid.log" 2>&1
+      say "hybrid rc=$?"; grep RESULT "$W/hybrid.log" | cut -c1-900 ;;
     *) say "unknown stage $1" ;;
   esac
 }

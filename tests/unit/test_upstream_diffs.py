@@ -26,13 +26,15 @@ def test_one_diff_per_upstream_pr():
 
     diffs = diffs_for(_version())
     v = Version(_version())
-    # Each fix has no diff from the release that contains it: #40727 from 0.22.0,
-    # #42971 from 0.23.0. #40898 is in no release, #51256 and #50065 in none of the matrix's.
+    # Each fix has no diff from the release that contains it: #40727 and #42692
+    # from 0.22.0, #42971 from 0.23.0. #40898 is in no release, #51256 and #50065
+    # in none of the matrix's.
     fixes = (
         ("pr40727", "0.22.0"),
         ("pr40898", None),
         ("pr42971", "0.23.0"),
         ("pr51256", None),
+        ("pr42692", "0.22.0"),
         ("pr50065", None),
     )
     want = [pr for pr, released in fixes if released is None or v < Version(released)]

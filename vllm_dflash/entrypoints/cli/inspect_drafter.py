@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from vllm_dflash.config import kv_memory
 from vllm_dflash.config.drafter_validation import _safetensors_shapes, validate_dflash
 from vllm_dflash.config.layer_types import resolve_layer_types
 
@@ -30,8 +31,12 @@ def _ns(cfg: dict[str, Any]) -> SimpleNamespace:
 
 
 def inspect_drafter(
-    drafter: str, target: str | None = None, aux_shift: bool = True
+    drafter: str,
+    target: str | None = None,
+    aux_shift: bool = True,
+    memory: dict[str, Any] | None = None,
 ) -> dict:
+    """``memory``: keyword arguments of :func:`memory_report` (needs ``target``)."""
     raw = _config(drafter)
     cfg = _ns(raw)
     dflash = raw.get("dflash_config") or {}
@@ -81,7 +86,139 @@ def inspect_drafter(
         validate_dflash(cfg, SimpleNamespace(**tcfg), None, drafter)
         report["validated_against"] = str(target)
         report["target_num_layers"] = tcfg["num_hidden_layers"]
+        report["memory"] = memory_report(
+            raw,
+            _config(target),
+            drafter_params=n_params or None,
+            target_params=_checkpoint_params(target),
+            **(memory or {}),
+        )
     return report
+
+
+def _checkpoint_params(model_dir: str) -> int | None:
+    shapes = _safetensors_shapes(model_dir)
+    return sum(math.prod(s) for s in shapes.values()) or None
+
+
+def memory_report(
+    drafter: dict[str, Any],
+    target: dict[str, Any],
+    num_speculative_tokens: int | None = None,
+    kv_cache_dtype: str = "auto",
+    context: int = 8192,
+    gpu_memory_gib: float | None = None,
+    gpu_memory_utilization: float = 0.9,
+    overhead_gib: float = kv_memory.DEFAULT_OVERHEAD_GIB,
+    tensor_parallel_size: int = 1,
+    want_concurrency: float | None = None,
+    drafter_params: int | None = None,
+    target_params: int | None = None,
+) -> dict[str, Any]:
+    """Per-request GDN state / KV bytes and max concurrency (vLLM 0.20.1 + plugin)."""
+    k = num_speculative_tokens or max(1, (drafter.get("block_size") or 16) - 1)
+    tp = tensor_parallel_size
+    p = kv_memory.plan(target, drafter, k, kv_cache_dtype, context, tp)
+    base = kv_memory.plan(target, None, 0, kv_cache_dtype, context, tp)
+    out: dict[str, Any] = {
+        "num_speculative_tokens": k,
+        "kv_cache_dtype": kv_cache_dtype,
+        "context": context,
+        "tensor_parallel_size": tp,
+        "hybrid": p.hybrid,
+        "target_kv_bytes_per_token": p.target_kv_per_token,
+        "drafter_kv_bytes_per_token": p.drafter_kv_per_token,
+        "drafter_sliding_layers_full_size": any(
+            x == "sliding_attention" for x in drafter.get("layer_types") or []
+        ),
+        "gdn_layers": p.gdn_layers,
+        "gdn_conv_state_bytes": p.gdn_conv,
+        "gdn_ssm_state_bytes": p.gdn_ssm,
+        "gdn_state_copies": p.gdn_state_copies,
+        "gdn_bytes_per_request": p.gdn_bytes_per_request,
+        "block_size": p.block_size,
+        "page_bytes": p.page,
+        "group_size": p.group_size,
+        "groups": p.groups,
+        "blocks_per_request": p.blocks_per_request,
+        "bytes_per_request": p.bytes_per_request,
+        "no_spec_bytes_per_request": base.bytes_per_request,
+        "error": p.error,
+    }
+    if gpu_memory_gib is None:
+        return out
+    mdt = kv_memory.model_dtype(target)
+    tw = (target_params or kv_memory.estimate_params(target)) * kv_memory.dtype_bytes(
+        mdt
+    )
+    dw = (
+        drafter_params or kv_memory.estimate_params(drafter, drafter=True)
+    ) * kv_memory.dtype_bytes(kv_memory.model_dtype(drafter), mdt)
+    tw, dw = tw // tp, dw // tp
+    avail = kv_memory.available_kv_bytes(
+        gpu_memory_gib, gpu_memory_utilization, tw + dw, overhead_gib
+    )
+    avail_base = kv_memory.available_kv_bytes(
+        gpu_memory_gib, gpu_memory_utilization, tw, overhead_gib
+    )
+    out.update(
+        gpu_memory_gib=gpu_memory_gib,
+        gpu_memory_utilization=gpu_memory_utilization,
+        overhead_gib=overhead_gib,
+        target_weight_bytes=tw,
+        drafter_weight_bytes=dw,
+        kv_memory_bytes=avail,
+        num_blocks=p.num_blocks(max(avail, 0)),
+        max_concurrency=p.max_concurrency(max(avail, 0)),
+        no_spec_max_concurrency=base.max_concurrency(max(avail_base, 0)),
+    )
+    by_k = {}
+    for kk in sorted({1, 3, 7, k, max(1, (drafter.get("block_size") or 16) - 1)}):
+        by_k[kk] = kv_memory.plan(target, drafter, kk, kv_cache_dtype, context, tp)
+    out["max_concurrency_by_k"] = {
+        kk: round(pk.max_concurrency(max(avail, 0)), 2) for kk, pk in by_k.items()
+    }
+    if kv_cache_dtype == "auto" and p.hybrid:
+        f = kv_memory.plan(target, drafter, k, "fp8", context, tp)
+        out["fp8_max_concurrency"] = f.max_concurrency(max(avail, 0))
+    hints = []
+    if p.hybrid and p.gdn_layers and p.bytes_per_request:
+        gdn_alloc = p.groups.get("GDN state", 0) * (1 + k) * p.group_size * p.page
+        hints.append(
+            f"GDN state copies (1 + k = {1 + k}) are {100 * gdn_alloc / p.bytes_per_request:.0f}% "
+            f"of a request's KV memory at {context} tokens"
+        )
+    want = want_concurrency
+    if want:
+        fits = [
+            kk
+            for kk in range(1, k + 1)
+            if by_k.setdefault(
+                kk, kv_memory.plan(target, drafter, kk, kv_cache_dtype, context, tp)
+            ).max_concurrency(max(avail, 0))
+            >= want
+        ]
+        if fits:
+            hints.append(f"k <= {max(fits)} fits {want:g} requests of {context} tokens")
+        else:
+            hints.append(f"no k fits {want:g} requests of {context} tokens")
+        need = (want * p.bytes_per_request + tw + dw) / kv_memory.GIB + overhead_gib
+        util = need / gpu_memory_gib
+        hints.append(
+            f"{want:g} requests at k={k} need {need:.1f} GiB in all: "
+            + (
+                f"--gpu-memory-utilization {util:.2f} on {gpu_memory_gib:g} GiB"
+                if util <= 0.95
+                else f"more than {gpu_memory_gib:g} GiB x 0.95 (more GPUs / TP, fewer tokens or a smaller k)"
+            )
+        )
+    if "fp8_max_concurrency" in out:
+        hints.append(
+            f"--kv-cache-dtype fp8: {out['fp8_max_concurrency']:.1f} requests "
+            "(FlashAttention 3 / Hopper; drafter KV in fp8 too)"
+        )
+    out["suggestions"] = hints
+    return out
 
 
 def format_report(r: dict) -> str:
@@ -103,4 +240,59 @@ def format_report(r: dict) -> str:
         lines.append(
             f"valid for target   {r['validated_against']} ({r['target_num_layers']} layers)"
         )
+    if r.get("memory"):
+        lines += format_memory(r["memory"])
     return "\n".join(lines)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3f} GB"
+
+
+def format_memory(m: dict) -> list[str]:
+    k = m["num_speculative_tokens"]
+    lines = [
+        f"memory (vLLM 0.20.1 + vllm-dflash, k={k}, --kv-cache-dtype {m['kv_cache_dtype']}, "
+        f"{m['context']} tokens, TP {m['tensor_parallel_size']}):",
+        f"  target KV / token     {m['target_kv_bytes_per_token']:,} bytes",
+        f"  drafter KV / token    {m['drafter_kv_bytes_per_token']:,} bytes"
+        + (
+            " (sliding layers allocate full size)"
+            if m["drafter_sliding_layers_full_size"]
+            else ""
+        ),
+    ]
+    if m["hybrid"]:
+        one = m["gdn_conv_state_bytes"] + m["gdn_ssm_state_bytes"]
+        lines += [
+            f"  GDN state / layer     {one:,} bytes (conv {m['gdn_conv_state_bytes']:,} "
+            f"+ SSM {m['gdn_ssm_state_bytes']:,})",
+            f"  GDN state / request   {_gb(m['gdn_bytes_per_request'])} "
+            f"({m['gdn_layers']} layers x {m['gdn_state_copies']} copies: 1 + k)",
+            f"  layout                block {m['block_size']} tokens, page {m['page_bytes']:,} bytes, "
+            f"{sum(m['groups'].values())} groups of {m['group_size']} ("
+            + ", ".join(f"{n} {label}" for label, n in m["groups"].items())
+            + ")",
+        ]
+    lines.append(
+        f"  KV / request          {_gb(m['bytes_per_request'])} allocated "
+        f"({m['blocks_per_request']} blocks; without DFlash {_gb(m['no_spec_bytes_per_request'])})"
+    )
+    if m["error"]:
+        lines.append(f"  ERROR                 {m['error']}")
+    if "max_concurrency" in m:
+        lines += [
+            f"  KV memory             {m['kv_memory_bytes'] / kv_memory.GIB:.2f} GiB = "
+            f"{m['gpu_memory_utilization']:g} x {m['gpu_memory_gib']:g} GiB - weights "
+            f"{(m['target_weight_bytes'] + m['drafter_weight_bytes']) / kv_memory.GIB:.2f} GiB"
+            f" (drafter {m['drafter_weight_bytes'] / kv_memory.GIB:.2f}) - peak {m['overhead_gib']:g} GiB",
+            f"  max concurrency       {m['max_concurrency']:.1f} requests of {m['context']} tokens "
+            f"({m['num_blocks']} blocks; without DFlash {m['no_spec_max_concurrency']:.1f})",
+            "  by k                  "
+            + ", ".join(
+                f"k={kk}: {c:.1f}" for kk, c in m["max_concurrency_by_k"].items()
+            ),
+        ]
+    for h in m.get("suggestions") or []:
+        lines.append(f"  hint: {h}")
+    return lines

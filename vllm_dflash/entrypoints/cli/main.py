@@ -61,8 +61,18 @@ def _inspect(args: argparse.Namespace) -> int:
         inspect_drafter,
     )
 
+    memory = {
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "context": args.context,
+        "gpu_memory_gib": args.gpu_memory_gib,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "overhead_gib": args.overhead_gib,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "want_concurrency": args.want_concurrency,
+    }
     try:
-        report = inspect_drafter(args.drafter, args.target)
+        report = inspect_drafter(args.drafter, args.target, memory=memory)
     except (DrafterConfigError, FileNotFoundError, KeyError) as e:
         print(f"vllm-dflash inspect: error: {e}", file=sys.stderr)
         return 2
@@ -86,8 +96,41 @@ def main(argv: list[str] | None = None) -> int:
     ins.add_argument(
         "drafter", help="local drafter directory (config.json + safetensors)"
     )
-    ins.add_argument("--target", help="local target directory to validate against")
+    ins.add_argument(
+        "--target",
+        help="local target directory (config.json) to validate against; also "
+        "prints the KV / GDN-state memory per request",
+    )
     ins.add_argument("--json", action="store_true")
+    mem = ins.add_argument_group("memory (with --target; configs only)")
+    mem.add_argument(
+        "-k",
+        "--num-speculative-tokens",
+        type=int,
+        help="draft tokens per step (default: block_size - 1)",
+    )
+    mem.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "fp8"]
+    )
+    mem.add_argument(
+        "--context", type=int, default=8192, help="tokens per request (max_model_len)"
+    )
+    mem.add_argument(
+        "--gpu-memory-gib", type=float, help="GPU memory per GPU (H200: 140.4)"
+    )
+    mem.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    mem.add_argument(
+        "--overhead-gib",
+        type=float,
+        default=3.2,
+        help="non-KV peak besides the weights (3.2: the 27B-shaped target on an H200)",
+    )
+    mem.add_argument("--tensor-parallel-size", type=int, default=1)
+    mem.add_argument(
+        "--want-concurrency",
+        type=float,
+        help="suggest the k / memory that hold this many requests",
+    )
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)
