@@ -130,8 +130,18 @@ def evaluate(
     runs: dict[str, dict],
     alpha: float = ALPHA,
     min_accept: float = 0.02,
+    seeds_across_batches: bool = False,
 ) -> list[dict]:
-    """One check per (engine, group, position) + greedy, seeds, acceptance."""
+    """One check per (engine, group, position) + greedy, seeds, acceptance.
+
+    ``seeds_across_batches``: also require that seeds ``seed_base ..
+    seed_base + REPEAT_N - 1`` gave the same outputs in the mixed, possibly
+    chunked main batch (twice: the group and its ``-repeat`` group) as in the
+    repeat runs, where they are generated alone (CUDA's semantics: a seeded
+    request's draws come from its own generator, and a discarded partial-prefill
+    sample is rewound). Exact only while the target's logits do not depend on the
+    batch (float32 on CPU); the GPU script leaves it off.
+    """
     checks = []
     for engine, data in runs.items():
         spec = engine != "no-spec"
@@ -152,6 +162,15 @@ def evaluate(
                     "check": "seeded_repeat", "engine": engine, "group": g.name,
                     "ok": a == b, "n": len(a), "equal": sum(x == y for x, y in zip(a, b, strict=False)),
                 })  # fmt: skip
+                if seeds_across_batches:
+                    main = outs[: len(a)] + data["groups"][g.name + "-repeat"]
+                    alone = a + a
+                    same = sum(x == y for x, y in zip(main, alone, strict=True))
+                    checks.append({
+                        "check": "seeded_main_batch_equals_alone", "engine": engine,
+                        "group": g.name, "ok": same == len(alone), "n": len(alone),
+                        "equal": same,
+                    })  # fmt: skip
         refused = str(data.get("min_p_request", "")).startswith("refused")
         checks.append({
             "check": "min_p_refused_with_speculation", "engine": engine, "group": "min_p",
@@ -254,3 +273,64 @@ def sampling_prompt() -> list[int]:
     from vllm_dflash.training.data import synthetic_prompts
 
     return synthetic_prompts(16, (5, 40), (4, 512), seed=12345)[0][:12]
+
+
+HYBRID_LOGIT_SCALE = 2.0
+
+
+def hybrid_prompt() -> list[int]:
+    """12 tokens below the tiny hybrid's vision special tokens (504..507)."""
+    from vllm_dflash.training.data import synthetic_prompts
+
+    return synthetic_prompts(16, (5, 40), (4, 504), seed=12345)[0][:12]
+
+
+def hybrid_sampling_pair(root: Path, prompt: list[int]) -> tuple[Path, Path, int]:
+    """(target, drafter, X) for the tiny Qwen3.5-architecture hybrid
+    (vllm_dflash/testing/tiny_hybrid.py: GDN + gated attention, M-RoPE, vision tower).
+
+    Target: the tiny hybrid with its lm_head scaled x2 (entropy of the first token
+    4.9 -> 2.9 nats, top token 0.32; unscaled, no draft would be accepted).
+    Drafter: ``HYBRID_DRAFTER``'s architecture (layers [sliding, sliding, full],
+    window 6, block 8, target layer ids (1, 3, 6): GDN, attention, GDN) made an
+    oracle like ``sampling_pair``'s: o_proj/down_proj zero, final norm mapping the
+    mask token's embedding onto lm_head row X, the token with the largest
+    temperature-1 marginal mass at output tokens 2 and 3. Every layer still runs
+    (sliding and full attention metadata, context K/V from the target's GDN and
+    attention features); only its output is fixed.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from tests.helpers.marginals import HybridTarget, Params
+    from vllm_dflash.testing.tiny_hybrid import (
+        _TEXT,
+        HYBRID_DRAFTER,
+        build_hybrid_target,
+    )
+    from vllm_dflash.testing.tiny_models import build_drafter, drafter_state_dict
+
+    target, drafter = root / "hybrid-target-x2", root / "hybrid-drafter-oracle"
+    done = root / ".complete"
+    if done.exists():
+        return target, drafter, int(done.read_text())
+    import torch
+
+    build_hybrid_target(target)
+    state = load_file(str(target / "model.safetensors"))
+    state["lm_head.weight"] = state["lm_head.weight"] * HYBRID_LOGIT_SCALE
+    save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+    m = HybridTarget(target).marginals(prompt, Params(temperature=1.0), 3)
+    x = int((m.probs[1] + m.probs[2]).argmax())
+    ds = drafter_state_dict(HYBRID_DRAFTER, _TEXT)
+    for k in ds:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            ds[k].zero_()
+    e = state["model.language_model.embed_tokens.weight"][3].to(torch.float64)  # MASK
+    e_hat = e * torch.rsqrt(e.pow(2).mean() + 1e-6)
+    w = state["lm_head.weight"].to(torch.float64)
+    ds["norm.weight"] = (w[x] / e_hat).to(torch.float32)
+    logits = w @ (ds["norm.weight"].to(torch.float64) * e_hat)
+    assert int(logits.argmax()) == x, "oracle drafter would not draft X"
+    build_drafter(drafter, HYBRID_DRAFTER, _TEXT, state=ds)
+    done.write_text(str(x))
+    return target, drafter, x
