@@ -173,8 +173,10 @@ def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict
     """Both hybrid variants at once; the float64 marginals are computed meanwhile."""
     from tests.helpers.marginals import HybridTarget
 
+    t0 = time.monotonic()
     prompt = sc.hybrid_prompt()
     target, drafter, x = sc.hybrid_sampling_pair(root / "sampling-hybrid-v1", prompt)
+    timing = {"pair_s": round(time.monotonic() - t0, 1)}
     common = ["--k", "7", "--no-prefix-caching", "--text-only"]
     if cpu:  # dry run on vLLM-CPU: eager, the plugin's CPU GDN ops, no variants
         variants = {"hybrid-fp32-cpu": ["--dtype", "float32", "--eager", *common]}
@@ -186,9 +188,15 @@ def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict
             "hybrid-bf16-graph": ["--dtype", "bfloat16", "--gdn-prefill", "triton",
                                   *common, *gpu],
         }  # fmt: skip
-    t0 = time.monotonic()
+
+    def exact():
+        t = time.monotonic()
+        m = sc.exact(HybridTarget(target), prompt, sc.groups(n))
+        timing["marginals_s"] = round(time.monotonic() - t, 1)
+        return m
+
     with ThreadPoolExecutor(1 + len(variants)) as ex:
-        marg = ex.submit(sc.exact, HybridTarget(target), prompt, sc.groups(n))
+        marg = ex.submit(exact)
         futs = {
             tag: ex.submit(
                 stat_stage, tag, target, drafter, work, n, args, 0.02, prompt,
@@ -200,6 +208,7 @@ def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict
         m = marg.result()
     checks.append({"check": "info", "engine": "hybrid", "ok": True,
                    "drafted_token": x, "seconds": round(time.monotonic() - t0, 1),
+                   **timing,
                    "pruned_mass": {g: max(v.pruned) for g, v in m.items()}})  # fmt: skip
     return checks
 

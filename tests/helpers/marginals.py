@@ -158,15 +158,28 @@ class HybridTarget(Target):
 
         self.model = _load_target(Path(target_dir))
         self.batch = batch
+        self._memo: dict[tuple, dict[tuple, torch.Tensor]] = {}
 
     @torch.no_grad()
     def _last_logits(self, prompt: list[int], seqs: torch.Tensor) -> torch.Tensor:
-        rows = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], 1)
-        out = [
-            self.model(input_ids=rows[i : i + self.batch]).logits[:, -1].to(DT)
-            for i in range(0, len(rows), self.batch)
-        ]
-        return torch.cat(out)
+        """Next-token logits after ``prompt + seqs[i]``; memoised per sequence, so
+        groups that share the prompt (different sampling parameters) share the
+        forwards."""
+        memo = self._memo.setdefault(tuple(prompt), {})
+        keys = [tuple(r) for r in seqs.tolist()]
+        todo = sorted({k for k in keys if k not in memo})
+        for i in range(0, len(todo), self.batch):
+            part = todo[i : i + self.batch]
+            rows = torch.cat(
+                [
+                    torch.tensor(prompt).expand(len(part), -1),
+                    torch.tensor(part, dtype=torch.long).view(len(part), -1),
+                ],
+                1,
+            )
+            logits = self.model(input_ids=rows).logits[:, -1].to(DT)
+            memo.update(zip(part, logits, strict=True))
+        return torch.stack([memo[k] for k in keys])
 
     @torch.no_grad()
     def marginals(
