@@ -20,8 +20,9 @@ Stages (all started at once, one engine per process, on one GPU; every engine ge
   drafter that always drafts one likely token), float32 (FLEX_ATTENTION), CUDA
   graphs: drafts accepted and rejected.
 * ``hybrid``: the same check on the tiny Qwen3.5-architecture hybrid
-  (``hybrid_sampling_pair``: GDN + gated attention, M-RoPE, vision tower unused; lm_head
-  x3; oracle drafter with [sliding, sliding, full] layers, window 6, block 8), CUDA
+  (``hybrid_sampling_pair`` on ``GPU_HYBRID``: GDN + gated attention, head sizes 128,
+  M-RoPE, vision tower unused; lm_head scaled to a first-token entropy of 1.7 nats;
+  oracle drafter with [sliding, sliding, full] layers, window 6, block 8), CUDA
   graphs, prefix caching off (refused with DFlash on hybrids), against the float64
   marginals of ``HybridTarget`` (float64 GDN recurrence). Two variants at once:
   ``hybrid-fp32-graph``: float32, with the GDN *prefill* on the plugin's torch chunked
@@ -177,10 +178,19 @@ MIN_ACCEPT_HYBRID = 0.005
 def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict]:
     """Both hybrid variants at once; the float64 marginals are computed meanwhile."""
     from tests.helpers.marginals import HybridTarget
+    from vllm_dflash.testing import tiny_hybrid as th
 
     t0 = time.monotonic()
     prompt = sc.hybrid_prompt()
-    target, drafter, x = sc.hybrid_sampling_pair(root / "sampling-hybrid-v3", prompt)
+    # GPU: head sizes 128 (GPU_HYBRID, as gpu_check's hybrid runs); CPU dry run: the
+    # CPU fixture (same architecture, smaller: its float64 marginals are cheap).
+    specs = (
+        (th.HYBRID, th.HYBRID_DRAFTER)
+        if cpu
+        else (th.GPU_HYBRID, th.GPU_HYBRID_DRAFTER)
+    )
+    pair_dir = root / ("sampling-hybrid-cpu-v1" if cpu else "sampling-hybrid-gpu-v1")
+    target, drafter, x = sc.hybrid_sampling_pair(pair_dir, prompt, *specs)
     timing = {"pair_s": round(time.monotonic() - t0, 1)}
     common = ["--k", "7", "--no-prefix-caching", "--text-only"]
     if cpu:  # dry run on vLLM-CPU: eager, the plugin's CPU GDN ops, no variants
@@ -213,6 +223,7 @@ def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict
         m = marg.result()
     checks.append({"check": "info", "engine": "hybrid", "ok": True,
                    "drafted_token": x, "seconds": round(time.monotonic() - t0, 1),
+                   "pair": json.loads((pair_dir / "pair.json").read_text()),
                    **timing,
                    "pruned_mass": {g: max(v.pruned) for g, v in m.items()}})  # fmt: skip
     return checks

@@ -275,7 +275,7 @@ def sampling_prompt() -> list[int]:
     return synthetic_prompts(16, (5, 40), (4, 512), seed=12345)[0][:12]
 
 
-HYBRID_LOGIT_SCALE = 3.0
+HYBRID_FIRST_TOKEN_ENTROPY = 1.7  # nats, temperature 1 (the dense pair's: 1.8-3.1)
 
 
 def hybrid_prompt() -> list[int]:
@@ -285,47 +285,71 @@ def hybrid_prompt() -> list[int]:
     return synthetic_prompts(16, (5, 40), (4, 504), seed=12345)[0][:12]
 
 
-def hybrid_sampling_pair(root: Path, prompt: list[int]) -> tuple[Path, Path, int]:
-    """(target, drafter, X) for the tiny Qwen3.5-architecture hybrid
-    (vllm_dflash/testing/tiny_hybrid.py: GDN + gated attention, M-RoPE, vision tower).
+def _scale_for_entropy(logits, entropy: float) -> float:
+    """s with H(softmax(s * logits)) == entropy (bisection; H falls as s grows)."""
+    lo, hi = 0.01, 100.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        p = (mid * logits).softmax(-1)
+        h = float(-(p * p.clamp_min(1e-300).log()).sum())
+        lo, hi = (mid, hi) if h > entropy else (lo, mid)
+    return (lo + hi) / 2
 
-    Target: the tiny hybrid with its lm_head scaled x3 (entropy of output tokens 1-3
-    at temperature 1: 1.7, 3.4, 4.7 nats; unscaled, first token 4.9 nats and no draft
-    would be accepted). X's marginal at temperature 1: 0.32 at token 2, ~0 at token
-    3; prefixes pruned from the exact marginals < 1e-3.
-    Drafter: ``HYBRID_DRAFTER``'s architecture (layers [sliding, sliding, full],
+
+def hybrid_sampling_pair(
+    root: Path, prompt: list[int], spec=None, drafter_spec=None
+) -> tuple[Path, Path, int]:
+    """(target, drafter, X) for a Qwen3.5-architecture hybrid
+    (vllm_dflash/testing/tiny_hybrid.py: GDN + gated attention, M-RoPE, vision tower;
+    ``spec``/``drafter_spec`` default to the CPU fixture ``HYBRID``/``HYBRID_DRAFTER``,
+    the GPU stage passes ``GPU_HYBRID``/``GPU_HYBRID_DRAFTER``: head sizes 128).
+
+    Target: the hybrid with its lm_head scaled so that the first output token has
+    entropy ``HYBRID_FIRST_TOKEN_ENTROPY`` at temperature 1 (unscaled, the tiny
+    fixture's is 4.9 nats and no draft would be accepted; the CPU fixture gets x3.0:
+    entropy of output tokens 1-3 1.7, 3.4, 4.7 nats, X's marginal 0.32 at token 2
+    and ~0 at token 3, pruned mass of the exact marginals < 1e-3).
+    Drafter: the drafter spec's architecture (layers [sliding, sliding, full],
     window 6, block 8, target layer ids (1, 3, 6): GDN, attention, GDN) made an
     oracle like ``sampling_pair``'s: o_proj/down_proj zero, final norm mapping the
     mask token's embedding onto lm_head row X, the token with the largest
-    temperature-1 marginal at output token 2. Every layer still runs
-    (sliding and full attention metadata, context K/V from the target's GDN and
-    attention features); only its output is fixed.
+    temperature-1 marginal at output token 2. Every layer still runs (sliding and
+    full attention metadata, context K/V from the target's GDN and attention
+    features); only its output is fixed. ``root/pair.json`` records the scale and
+    X's marginal.
     """
     from safetensors.torch import load_file, save_file
 
     from tests.helpers.marginals import HybridTarget, Params
     from vllm_dflash.testing.tiny_hybrid import (
-        _TEXT,
+        HYBRID,
         HYBRID_DRAFTER,
         build_hybrid_target,
+        text_spec,
     )
     from vllm_dflash.testing.tiny_models import build_drafter, drafter_state_dict
 
-    target, drafter = root / "hybrid-target-x3", root / "hybrid-drafter-oracle"
+    spec = spec or HYBRID
+    drafter_spec = drafter_spec or HYBRID_DRAFTER
+    target, drafter = root / "hybrid-target", root / "hybrid-drafter-oracle"
     done = root / ".complete"
     if done.exists():
         return target, drafter, int(done.read_text())
     import torch
 
-    build_hybrid_target(target)
+    build_hybrid_target(target, spec)
+    first = HybridTarget(target)._last_logits(
+        prompt, torch.zeros(1, 0, dtype=torch.long)
+    )
+    scale = _scale_for_entropy(first[0], HYBRID_FIRST_TOKEN_ENTROPY)
     state = load_file(str(target / "model.safetensors"))
-    state["lm_head.weight"] = state["lm_head.weight"] * HYBRID_LOGIT_SCALE
+    state["lm_head.weight"] = state["lm_head.weight"] * scale
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
     # Output token 2's marginal only (two levels: ~10x cheaper than three, and
     # every later draft of X is rejected anyway: its token-3 marginal is ~0).
     m = HybridTarget(target).marginals(prompt, Params(temperature=1.0), 2)
     x = int(m.probs[1].argmax())
-    ds = drafter_state_dict(HYBRID_DRAFTER, _TEXT)
+    ds = drafter_state_dict(drafter_spec, text_spec(spec))
     for k in ds:
         if k.endswith(("o_proj.weight", "down_proj.weight")):
             ds[k].zero_()
@@ -335,6 +359,11 @@ def hybrid_sampling_pair(root: Path, prompt: list[int]) -> tuple[Path, Path, int
     ds["norm.weight"] = (w[x] / e_hat).to(torch.float32)
     logits = w @ (ds["norm.weight"].to(torch.float64) * e_hat)
     assert int(logits.argmax()) == x, "oracle drafter would not draft X"
-    build_drafter(drafter, HYBRID_DRAFTER, _TEXT, state=ds)
+    build_drafter(drafter, drafter_spec, text_spec(spec), state=ds)
+    (root / "pair.json").write_text(
+        json.dumps(
+            {"lm_head_scale": scale, "x": x, "x_marginal_token2": float(m.probs[1][x])}
+        )
+    )
     done.write_text(str(x))
     return target, drafter, x
