@@ -21,8 +21,8 @@ Stages (all started at once, one engine per process, on one GPU; every engine ge
   graphs: drafts accepted and rejected.
 * ``hybrid``: the same check on the tiny Qwen3.5-architecture hybrid
   (``hybrid_sampling_pair`` on ``GPU_HYBRID``: GDN + gated attention, head sizes 128,
-  M-RoPE, vision tower unused; lm_head scaled to a first-token entropy of 1.7 nats;
-  oracle drafter with [sliding, sliding, full] layers, window 6, block 8), CUDA
+  M-RoPE, vision tower unused; lm_head scaled so that the drafted token X has
+  marginal 0.25 at output token 2; oracle drafter with [sliding, sliding, full] layers, window 6, block 8), CUDA
   graphs, prefix caching off (refused with DFlash on hybrids), against the float64
   marginals of ``HybridTarget`` (float64 GDN recurrence). Two variants at once:
   ``hybrid-fp32-graph``: float32, with the GDN *prefill* on the plugin's torch chunked
