@@ -23,7 +23,10 @@ and 1.0), TV 0.05 with ~0.1, TV 0.03 not at all; a correct sampler failed 0 of 6
 simulated checks. The CPU defect fixed by ``cpu_expand_kernel_float`` (TV ~0.9 at the
 first verified token on the issue's setup) is far outside that. Measured here
 (2-core VM shared with other jobs, load ~10-20): 310 s for the module (DFlash
-engine 157 s, no-spec 130 s, marginals 9 s).
+engine 157 s, no-spec 130 s, marginals 9 s), before the chunking budgets. The
+budgets cost nothing measurable (same VM at load ~2, each engine alone, no budget
+vs BUDGET: generate 14.9 vs 14.1 s with DFlash, 6.4 vs 6.3 s without; engine start
+35-42 s either way).
 """
 
 from __future__ import annotations
