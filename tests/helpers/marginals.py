@@ -143,3 +143,80 @@ class Target:
             logits = self.model(torch.tensor([seq])).logits[0, -1]
             seq.append(int(logits.argmax()))
         return seq[len(prompt) :]
+
+
+class HybridTarget(Target):
+    """A Qwen3.5/3.6 hybrid target (``Qwen3_5ForConditionalGeneration``) in float64,
+    with the float64 per-token Gated-DeltaNet recurrence of tests/helpers/reference.py.
+
+    Each level of the prefix tree runs the whole sequences again (no cache: the
+    hybrid cache's conv/recurrent states are not reordered here), in batches.
+    """
+
+    def __init__(self, target_dir: Path | str, batch: int = 512) -> None:
+        from tests.helpers.reference import _load_target
+
+        self.model = _load_target(Path(target_dir))
+        self.batch = batch
+        self._memo: dict[tuple, dict[tuple, torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def _last_logits(self, prompt: list[int], seqs: torch.Tensor) -> torch.Tensor:
+        """Next-token logits after ``prompt + seqs[i]``; memoised per sequence, so
+        groups that share the prompt (different sampling parameters) share the
+        forwards."""
+        memo = self._memo.setdefault(tuple(prompt), {})
+        keys = [tuple(r) for r in seqs.tolist()]
+        todo = sorted({k for k in keys if k not in memo})
+        for i in range(0, len(todo), self.batch):
+            part = todo[i : i + self.batch]
+            rows = torch.cat(
+                [
+                    torch.tensor(prompt).expand(len(part), -1),
+                    torch.tensor(part, dtype=torch.long).view(len(part), -1),
+                ],
+                1,
+            )
+            logits = self.model(input_ids=rows).logits[:, -1].to(DT)
+            memo.update(zip(part, logits, strict=True))
+        return torch.stack([memo[k] for k in keys])
+
+    @torch.no_grad()
+    def marginals(
+        self,
+        prompt: list[int],
+        params: Params,
+        n_tokens: int,
+        prune: float = 1e-6,
+        max_prefixes: int = 4096,
+    ) -> Marginals:
+        weights = torch.ones(1, dtype=DT)
+        seqs = torch.zeros(1, 0, dtype=torch.long)
+        logits = self._last_logits(prompt, seqs)
+        res = Marginals([], [], [])
+        pruned = 0.0
+        for t in range(n_tokens):
+            probs = process(logits, prompt, seqs, params)
+            res.probs.append((weights[:, None] * probs).sum(0))
+            res.pruned.append(pruned)
+            res.prefixes.append(len(weights))
+            if t == n_tokens - 1:
+                break
+            joint = (weights[:, None] * probs).flatten()
+            cand = (joint >= prune).nonzero().squeeze(1)
+            if cand.numel() > max_prefixes:
+                cand = cand[joint[cand].topk(max_prefixes).indices]
+            pruned += float(weights.sum() - joint[cand].sum())
+            parent, token = cand // probs.shape[1], cand % probs.shape[1]
+            weights = joint[cand]
+            seqs = torch.cat([seqs[parent], token[:, None]], 1)
+            logits = self._last_logits(prompt, seqs)
+        return res
+
+    @torch.no_grad()
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        seq = list(prompt)
+        for _ in range(n):
+            logits = self.model(input_ids=torch.tensor([seq])).logits[0, -1]
+            seq.append(int(logits.argmax()))
+        return seq[len(prompt) :]

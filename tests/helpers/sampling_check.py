@@ -130,8 +130,18 @@ def evaluate(
     runs: dict[str, dict],
     alpha: float = ALPHA,
     min_accept: float = 0.02,
+    seeds_across_batches: bool = False,
 ) -> list[dict]:
-    """One check per (engine, group, position) + greedy, seeds, acceptance."""
+    """One check per (engine, group, position) + greedy, seeds, acceptance.
+
+    ``seeds_across_batches``: also require that seeds ``seed_base ..
+    seed_base + REPEAT_N - 1`` gave the same outputs in the mixed, possibly
+    chunked main batch (twice: the group and its ``-repeat`` group) as in the
+    repeat runs, where they are generated alone (CUDA's semantics: a seeded
+    request's draws come from its own generator, and a discarded partial-prefill
+    sample is rewound). Exact only while the target's logits do not depend on the
+    batch (float32 on CPU); the GPU script leaves it off.
+    """
     checks = []
     for engine, data in runs.items():
         spec = engine != "no-spec"
@@ -152,6 +162,15 @@ def evaluate(
                     "check": "seeded_repeat", "engine": engine, "group": g.name,
                     "ok": a == b, "n": len(a), "equal": sum(x == y for x, y in zip(a, b, strict=False)),
                 })  # fmt: skip
+                if seeds_across_batches:
+                    main = outs[: len(a)] + data["groups"][g.name + "-repeat"]
+                    alone = a + a
+                    same = sum(x == y for x, y in zip(main, alone, strict=True))
+                    checks.append({
+                        "check": "seeded_main_batch_equals_alone", "engine": engine,
+                        "group": g.name, "ok": same == len(alone), "n": len(alone),
+                        "equal": same,
+                    })  # fmt: skip
         refused = str(data.get("min_p_request", "")).startswith("refused")
         checks.append({
             "check": "min_p_refused_with_speculation", "engine": engine, "group": "min_p",
@@ -254,3 +273,98 @@ def sampling_prompt() -> list[int]:
     from vllm_dflash.training.data import synthetic_prompts
 
     return synthetic_prompts(16, (5, 40), (4, 512), seed=12345)[0][:12]
+
+
+# X's temperature-1 marginal at output token 2 that the lm_head scale aims at (the
+# dense pair's X: ~0.27): the first draft is accepted about that often.
+HYBRID_X_MASS = 0.25
+
+
+def hybrid_prompt() -> list[int]:
+    """12 tokens below the tiny hybrid's vision special tokens (504..507)."""
+    from vllm_dflash.training.data import synthetic_prompts
+
+    return synthetic_prompts(16, (5, 40), (4, 504), seed=12345)[0][:12]
+
+
+def _scale_for_x_mass(
+    target, prompt: list[int], mass: float
+) -> tuple[float, int, float]:
+    """(s, X, m): the lm_head scale s at which the largest temperature-1 marginal of
+    output token 2 is ``mass`` (bisection over s; the marginals at scale s are the
+    unscaled model's at temperature 1/s, and the forwards are memoised, so each
+    step after the first costs little). X: that token; m: its marginal."""
+    from tests.helpers.marginals import Params
+
+    lo, hi = 0.5, 8.0
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        m = target.marginals(prompt, Params(temperature=1.0 / mid), 2).probs[1]
+        lo, hi = (mid, hi) if float(m.max()) < mass else (lo, mid)
+    s = (lo + hi) / 2
+    m = target.marginals(prompt, Params(temperature=1.0 / s), 2).probs[1]
+    return s, int(m.argmax()), float(m.max())
+
+
+def hybrid_sampling_pair(
+    root: Path, prompt: list[int], spec=None, drafter_spec=None
+) -> tuple[Path, Path, int]:
+    """(target, drafter, X) for a Qwen3.5-architecture hybrid
+    (vllm_dflash/testing/tiny_hybrid.py: GDN + gated attention, M-RoPE, vision tower;
+    ``spec``/``drafter_spec`` default to the CPU fixture ``HYBRID``/``HYBRID_DRAFTER``,
+    the GPU stage passes ``GPU_HYBRID``/``GPU_HYBRID_DRAFTER``: head sizes 128).
+
+    Target: the hybrid with its lm_head scaled so that the most likely output token 2
+    (temperature 1, marginal over token 1) has probability ``HYBRID_X_MASS``
+    (unscaled, the CPU fixture's first token has entropy 4.9 nats and no draft would
+    be accepted).
+    Drafter: the drafter spec's architecture (layers [sliding, sliding, full],
+    window 6, block 8, target layer ids (1, 3, 6): GDN, attention, GDN) made an
+    oracle like ``sampling_pair``'s: o_proj/down_proj zero, final norm mapping the
+    mask token's embedding onto lm_head row X, the token with the largest
+    temperature-1 marginal at output token 2. Every layer still runs (sliding and
+    full attention metadata, context K/V from the target's GDN and attention
+    features); only its output is fixed. ``root/pair.json`` records the scale and
+    X's marginal.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from tests.helpers.marginals import HybridTarget
+    from vllm_dflash.testing.tiny_hybrid import (
+        HYBRID,
+        HYBRID_DRAFTER,
+        build_hybrid_target,
+        text_spec,
+    )
+    from vllm_dflash.testing.tiny_models import build_drafter, drafter_state_dict
+
+    spec = spec or HYBRID
+    drafter_spec = drafter_spec or HYBRID_DRAFTER
+    target, drafter = root / "hybrid-target", root / "hybrid-drafter-oracle"
+    done = root / ".complete"
+    if done.exists():
+        return target, drafter, int(done.read_text())
+    import torch
+
+    build_hybrid_target(target, spec)
+    # Output token 2's marginal only (two levels: ~10x cheaper than three).
+    scale, x, x_mass = _scale_for_x_mass(HybridTarget(target), prompt, HYBRID_X_MASS)
+    state = load_file(str(target / "model.safetensors"))
+    state["lm_head.weight"] = state["lm_head.weight"] * scale
+    save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+    ds = drafter_state_dict(drafter_spec, text_spec(spec))
+    for k in ds:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            ds[k].zero_()
+    e = state["model.language_model.embed_tokens.weight"][3].to(torch.float64)  # MASK
+    e_hat = e * torch.rsqrt(e.pow(2).mean() + 1e-6)
+    w = state["lm_head.weight"].to(torch.float64)
+    ds["norm.weight"] = (w[x] / e_hat).to(torch.float32)
+    logits = w @ (ds["norm.weight"].to(torch.float64) * e_hat)
+    assert int(logits.argmax()) == x, "oracle drafter would not draft X"
+    build_drafter(drafter, drafter_spec, text_spec(spec), state=ds)
+    (root / "pair.json").write_text(
+        json.dumps({"lm_head_scale": scale, "x": x, "x_marginal_token2": x_mass})
+    )
+    done.write_text(str(x))
+    return target, drafter, x

@@ -30,10 +30,23 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, help="default: no chunking")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--uni", action="store_true", help="uni-process executor")
     ap.add_argument("--kv-cache-bytes", type=int, help="kv_cache_memory_bytes (GPU)")
     ap.add_argument("--cudagraph-mode", help="compilation_config cudagraph_mode")
+    ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument(
+        "--text-only", action="store_true", help="multimodal target: no image/video"
+    )
+    ap.add_argument(
+        "--gdn-prefill",
+        choices=("stock", "triton", "torch"),
+        default="stock",
+        help="hybrid targets on CUDA: the GDN prefill kernel. triton: FLA (bf16/fp16 "
+        "only); torch: vllm_dflash/cpu/gdn_ops.py's fp32 chunked rule on the GPU "
+        "(needs --uni: it is installed in this process)",
+    )
     args = ap.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -56,6 +69,22 @@ def main() -> None:
         kwargs["kv_cache_memory_bytes"] = args.kv_cache_bytes
     if args.cudagraph_mode:
         kwargs["compilation_config"] = {"cudagraph_mode": args.cudagraph_mode}
+    if args.no_prefix_caching:
+        kwargs["enable_prefix_caching"] = False
+    if args.text_only:
+        kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 0}
+    if args.gdn_prefill != "stock":
+        # ChunkGatedDeltaRule: "triton" selects forward_native, which calls the
+        # module's fla_chunk_gated_delta_rule (FLA asserts q.dtype != float32).
+        kwargs["additional_config"] = {"gdn_prefill_backend": "triton"}
+    if args.gdn_prefill == "torch":
+        if not args.uni:
+            ap.error("--gdn-prefill torch needs --uni")
+        import vllm.model_executor.layers.mamba.gdn_linear_attn as gdn
+
+        from vllm_dflash.cpu import gdn_ops
+
+        gdn.fla_chunk_gated_delta_rule = gdn_ops.chunk_gated_delta_rule
     try:
         import torch
 
@@ -69,11 +98,13 @@ def main() -> None:
             for g in json.loads(fh.read())
             for p in (g.get("prompts") or [g["prompt"]])
         )
-    # Room for every admitted request's whole prompt plus its k+1 verify tokens:
-    # no prompt is split over steps. vLLM-CPU 0.20.1 cannot rewind a seeded
-    # request's CPU generator after a partial prefill ("CPU Generator does not
-    # use offset" in GPUModelRunner._bookkeeping_sync), with or without DFlash.
-    kwargs["max_num_batched_tokens"] = args.max_num_seqs * (longest + args.k + 1)
+    # Default: room for every admitted request's whole prompt plus its k+1 verify
+    # tokens, so no prompt is split over steps. A smaller value chunks prompts at
+    # step boundaries (seeded requests included: vLLM-CPU needs the plugin's
+    # cpu_seeded_partial_prefill there).
+    kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens or (
+        args.max_num_seqs * (longest + args.k + 1)
+    )
     t0 = time.monotonic()
     llm = LLM(
         model=args.target,
