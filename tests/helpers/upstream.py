@@ -44,11 +44,15 @@ def patched_copy(version: str, dest: Path) -> Path:
     """Hard-link copy of the installed vllm/ with the diffs applied to real copies."""
     src = installed_vllm_root() / "vllm"
     shutil.copytree(src, dest / "vllm", copy_function=os.link)
+    copied: set[str] = set()
     for diff in diffs_for(version):
         for rel in touched_files(diff):
+            if rel in copied:  # an earlier diff already changed this file
+                continue
             target = dest / rel
             target.unlink()
             shutil.copy2(src.parent / rel, target)  # never write through a hard link
+            copied.add(rel)
         res = run_patch(diff, dest, dry_run=False)
         if res.returncode != 0:
             raise RuntimeError(f"{diff.name} failed:\n{res.stdout}{res.stderr}")
