@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -45,7 +46,11 @@ def timed(cmd: list[str], plugin: bool, case: str = "") -> float:
     took = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:4]} failed:\n{proc.stderr[-3000:]}")
-    loaded = "vllm-dflash" in proc.stdout + proc.stderr
+    # The plugin's own start-up line ("vllm-dflash X on vLLM Y ..."), not any path
+    # that merely contains the name (the tiny fixtures live under .cache/vllm-dflash).
+    loaded = (
+        re.search(r"vllm-dflash \S+ on vLLM", proc.stdout + proc.stderr) is not None
+    )
     if case == "llm" and loaded != plugin:
         raise SystemExit(f"plugin loaded: {loaded}, wanted {plugin}")
     return took
