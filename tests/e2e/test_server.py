@@ -154,9 +154,7 @@ def _check_trace_against_metrics(records: list[dict], metrics: dict, k: int) -> 
 
 def test_serve_dflash_is_lossless(tiny_models, tmp_path):
     model = str(tiny_models.target)
-    # Both servers at once (start-up is mostly single-threaded Python; CI time).
-    pool = ThreadPoolExecutor(1)
-    base_future = pool.submit(_serve_and_query, model, tmp_path, "base")
+    base = _serve_and_query(model, tmp_path, "base")
     # The field's command line as bash gets it once ssh has dropped the quotes:
     # bash splits the JSON at its spaces; the plugin rebuilds it.
     drafter = str(tiny_models.swa)
@@ -172,8 +170,6 @@ def test_serve_dflash_is_lossless(tiny_models, tmp_path):
         shell_args=seed,
         env={"VLLM_DFLASH_TRACE": str(trace)},
     )
-    base = base_future.result()
-    pool.shutdown()
     assert "--speculative-config arrived taken apart by a shell" in spec["log"]
     assert f"rebuilt it as {json.dumps(cfg)}" in spec["log"]
     # Random tiny weights: some outputs may decode to special tokens only.
