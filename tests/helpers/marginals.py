@@ -81,6 +81,32 @@ def process(
     return probs
 
 
+def expand_prefixes(
+    weights: torch.Tensor,
+    probs: torch.Tensor,
+    seqs: torch.Tensor,
+    prune: float,
+    max_prefixes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """One level of the prefix tree: every (prefix, next token) whose joint
+    probability is at least ``prune`` (at most ``max_prefixes``, the likeliest).
+    Returns the new weights and sequences, each one's parent prefix and last
+    token, and the probability mass left out."""
+    joint = (weights[:, None] * probs).flatten()
+    cand = (joint >= prune).nonzero().squeeze(1)
+    if cand.numel() > max_prefixes:
+        cand = cand[joint[cand].topk(max_prefixes).indices]
+    lost = float(weights.sum() - joint[cand].sum())
+    parent, token = cand // probs.shape[1], cand % probs.shape[1]
+    return (
+        joint[cand],
+        torch.cat([seqs[parent], token[:, None]], 1),
+        parent,
+        token,
+        lost,
+    )
+
+
 class Target:
     """The HF target in float64 (CPU)."""
 
@@ -113,15 +139,10 @@ class Target:
             res.prefixes.append(len(weights))
             if t == n_tokens - 1:
                 break
-            joint = (weights[:, None] * probs).flatten()
-            cand = (joint >= prune).nonzero().squeeze(1)
-            if cand.numel() > max_prefixes:
-                cand = cand[joint[cand].topk(max_prefixes).indices]
-            pruned += float(weights.sum() - joint[cand].sum())
-            parent = cand // probs.shape[1]
-            token = cand % probs.shape[1]
-            weights = joint[cand]
-            seqs = torch.cat([seqs[parent], token[:, None]], 1)
+            weights, seqs, parent, token, lost = expand_prefixes(
+                weights, probs, seqs, prune, max_prefixes
+            )
+            pruned += lost
             if hasattr(cache, "reorder_cache"):
                 cache.reorder_cache(parent)
             else:
@@ -202,14 +223,10 @@ class HybridTarget(Target):
             res.prefixes.append(len(weights))
             if t == n_tokens - 1:
                 break
-            joint = (weights[:, None] * probs).flatten()
-            cand = (joint >= prune).nonzero().squeeze(1)
-            if cand.numel() > max_prefixes:
-                cand = cand[joint[cand].topk(max_prefixes).indices]
-            pruned += float(weights.sum() - joint[cand].sum())
-            parent, token = cand // probs.shape[1], cand % probs.shape[1]
-            weights = joint[cand]
-            seqs = torch.cat([seqs[parent], token[:, None]], 1)
+            weights, seqs, _, _, lost = expand_prefixes(
+                weights, probs, seqs, prune, max_prefixes
+            )
+            pruned += lost
             logits = self._last_logits(prompt, seqs)
         return res
 
