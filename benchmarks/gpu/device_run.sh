@@ -9,7 +9,8 @@
 # GPU_HYBRID sampling pair), SAMPLING_N), trace (step_trace.py:
 # profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary), hybrid
 # (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
-# HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs).
+# HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
+# (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS).
 set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -105,6 +106,12 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
         --stages "${HYBRID_STAGES:-dflash_fp8,nospec_fp8,dflash_bf16,dflash_fp8_stock}" \
         --deadline "${HYBRID_DEADLINE:-380}" --logs "$W/hybrid" ${HYBRID_ARGS:-} > "$W/hybrid.log" 2>&1
       say "hybrid rc=$?"; grep RESULT "$W/hybrid.log" | cut -c1-900 ;;
+    serve)  # serve_check.py: vllm serve + OpenAI client, hybrid pair, no-spec vs DFlash
+      # shellcheck disable=SC2086
+      timeout "${SERVE_TIMEOUT:-480}" python3 benchmarks/gpu/serve_check.py --out "$W/serve${arg:+-$arg}" \
+        --fixtures /root/fixtures-serve ${arg:+--dtype $arg} ${SERVE_ARGS:-} > "$W/serve${arg:+-$arg}.log" 2>&1
+      say "serve ${arg} rc=$?"; grep '^\[serve_check\]' "$W/serve${arg:+-$arg}.log" | cut -c1-600
+      cp "$W/serve${arg:+-$arg}/serve_check.json" "$OUT/serve_check${arg:+-$arg}.json" 2>/dev/null ;;
     *) say "unknown stage $1" ;;
   esac
 }
