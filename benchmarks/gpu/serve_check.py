@@ -226,7 +226,7 @@ def main() -> int:
     if args.gdn_prefill_backend:
         common += ["--gdn-prefill-backend", args.gdn_prefill_backend]
     if not args.cpu_dry_run:
-        common += ["--gpu-memory-utilization", "0.2"]
+        common += ["--gpu-memory-utilization", "0.08"]
     servers = {
         "base": VllmServer(str(models.target), common, log_path=args.out / "serve-base.log"),
         "spec": VllmServer(
