@@ -11,6 +11,13 @@
 # (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
 # (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS).
+# flashinfer
+# (flashinfer_selftest.py: the carried FlashInfer GDN prefill module vs a float64 reference).
+# GDN_PREFILL=auto|flashinfer|triton: the GDN prefill kernel of hybrid (Qwen3.5/3.6)
+# targets. auto (default): FlashInfer (vLLM's choice on sm90) when
+# .gpu-carry/flashinfer-gdn.tar.xz is carried (flashinfer_carry.sh: prebuilt module,
+# no nvcc needed), else Triton; flashinfer: the carry is required; triton: it is not
+# unpacked (and removed from a warm machine's site dir).
 set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -44,6 +51,24 @@ if [ ! -d /root/site/vllm ]; then
 fi
 export PYTHONPATH=/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# FlashInfer (GDN prefill only): a site-dir overlay with the prebuilt sm90a module.
+export GDN_PREFILL=${GDN_PREFILL:-auto}
+FI_TAR=.gpu-carry/flashinfer-gdn.tar.xz
+rm -rf /root/site/flashinfer /root/site/flashinfer_python-*.dist-info  # a warm machine's
+case $GDN_PREFILL in
+  auto|flashinfer)
+    if [ -f "$FI_TAR" ]; then
+      tar -xJf "$FI_TAR" -C /root/site && python3 -m compileall -q -j 16 /root/site/flashinfer >/dev/null 2>&1
+      say "flashinfer carry unpacked: $(head -1 /root/site/flashinfer/data/aot/BUILD-INFO.txt 2>/dev/null)"
+      # only the prebuilt module may load: any other flashinfer JIT build fails at
+      # once (MissingJITCacheError) instead of looking for nvcc
+      export FLASHINFER_DISABLE_JIT=1
+    elif [ "$GDN_PREFILL" = flashinfer ]; then
+      say "GDN_PREFILL=flashinfer but $FI_TAR is not carried"; exit 1
+    fi ;;
+  triton) ;;
+  *) say "GDN_PREFILL=$GDN_PREFILL: expected auto, flashinfer or triton"; exit 1 ;;
+esac
 # Never NVLink multicast on the lent hosts (shared GPUs): keep it off everywhere.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The plugin's entry point must be discoverable: install its metadata into the site dir.
@@ -51,6 +76,7 @@ python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /ro
   >"$W/pip.log" 2>&1 || { say "plugin install failed"; cat "$W/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$W/device.log"
 python3 -m vllm_dflash.entrypoints.cli.main doctor --json > "$W/doctor.json" 2>"$W/doctor.err"; say "doctor rc=$?"
+say "GDN prefill: $(python3 -c 'import sys; sys.path.insert(0, "."); from benchmarks.gpu import gdn_backend as g; print(g.describe())' 2>&1 | tail -1)"
 run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock)
   local stage=${1%%:*} arg=""
   [[ $1 == *:* ]] && arg=${1#*:}
@@ -112,6 +138,10 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
         --fixtures /root/fixtures-serve ${arg:+--dtype $arg} ${SERVE_ARGS:-} > "$W/serve${arg:+-$arg}.log" 2>&1
       say "serve ${arg} rc=$?"; grep '^\[serve_check\]' "$W/serve${arg:+-$arg}.log" | cut -c1-600
       cp "$W/serve${arg:+-$arg}/serve_check.json" "$OUT/serve_check${arg:+-$arg}.json" 2>/dev/null ;;
+    flashinfer)  # the carried FlashInfer GDN prefill module vs a float64 reference
+      timeout 300 python3 benchmarks/gpu/flashinfer_selftest.py --json "$W/flashinfer_selftest.json" \
+        > "$W/flashinfer_selftest.log" 2>&1
+      say "flashinfer selftest rc=$?"; grep -E '^(PASS|FAIL|\[selftest\])' "$W/flashinfer_selftest.log" | cut -c1-300 ;;
     *) say "unknown stage $1" ;;
   esac
 }

@@ -45,6 +45,8 @@ from queue import Queue
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu import gdn_backend  # noqa: E402
+
 NEAR_TIE = 0.01  # logit gap below 1% of the float64 logit range
 
 
@@ -169,10 +171,11 @@ def run_one(
         cmd += ["--drafter", str(models.drafter(run))]
     if run.fixtures == "hybrid":
         cmd += ["--no-prefix-caching", "--mm-limit", "0"]
-        try:  # vLLM picks FlashInfer's GDN prefill on Hopper; the bundle lacks it
-            import flashinfer  # noqa: F401
-        except ImportError:
-            cmd += ["--gdn-prefill-backend", "triton"]
+        # vLLM picks FlashInfer's GDN prefill on Hopper: kept when flashinfer can run
+        # it (the carried prebuilt module), else triton (gdn_backend.py; GDN_PREFILL)
+        gdn = gdn_backend.choose()
+        if gdn:
+            cmd += ["--gdn-prefill-backend", gdn]
     if run.eager:
         cmd.append("--eager")
     if run.tp > 1:
@@ -210,7 +213,10 @@ def run_one(
             if "Using " in ln and "backend" in ln
         }
     )
-    return {"rc": rc, "wall_s": round(time.time() - t0, 1), "backends": backends,
+    res = {"rc": rc, "wall_s": round(time.time() - t0, 1), "backends": backends}
+    if run.fixtures == "hybrid":  # the GDN prefill kernel vLLM logged
+        res["gdn_prefill"] = gdn_backend.from_log(log)
+    return {**res,
             "expected_failure_seen": bool(run.fail_pattern)
             and re.search(run.fail_pattern, log) is not None}  # fmt: skip
 
@@ -257,7 +263,8 @@ def execute(
             return
         results[run.name] = r = run_one(run, models, out, min(left, 300), gpu)
         print(
-            f"[gpu_check] {run.name}: rc={r['rc']} {r['wall_s']:.0f}s {r['backends']}",
+            f"[gpu_check] {run.name}: rc={r['rc']} {r['wall_s']:.0f}s {r['backends']}"
+            + (f" gdn_prefill={r['gdn_prefill']}" if "gdn_prefill" in r else ""),
             flush=True,
         )
 
@@ -396,6 +403,10 @@ def evaluate(report: dict) -> list[dict]:
             continue
         if run.dtype == "bfloat16":
             add("backend", name, "FLASH_ATTN" in r["backends"], f"{r['backends']}")
+        want = (report.get("gdn_prefill") or {}).get("expected")
+        if run.fixtures == "hybrid" and want and r.get("gdn_prefill"):
+            add("gdn_prefill", name, r["gdn_prefill"] == want,
+                f"vLLM logged {r['gdn_prefill']}, expected {want}")  # fmt: skip
         if not run.drafter:
             continue
         if "lossless" in r:
@@ -442,8 +453,14 @@ def evaluate(report: dict) -> list[dict]:
 def build_report(runs: dict[str, dict], out: Path, models: Fixtures) -> dict:
     import torch
 
-    report = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "runs": {}}  # fmt: skip
+    cuda = torch.cuda.is_available()
+    report = {"device": torch.cuda.get_device_name(0) if cuda else "cpu",
+              "gdn_prefill": gdn_backend.describe(), "runs": {}}  # fmt: skip
+    # vLLM's auto choice: FlashInfer on sm90 only (ChunkGatedDeltaRule)
+    sm90 = cuda and torch.cuda.get_device_capability(0) == (9, 0)
+    report["gdn_prefill"]["expected"] = report["gdn_prefill"]["passed"] or (
+        "flashinfer" if sm90 else "triton"
+    )
     jobs = []
     for name, r in runs.items():
         entry = dict(r)
@@ -518,6 +535,7 @@ def main() -> int:
         for path in args.merge:
             part = json.loads(path.read_text())
             report["device"] = report["device"] or part["device"]
+            report.setdefault("gdn_prefill", part.get("gdn_prefill"))
             report["runs"].update(part["runs"])
         return finish(report, args.out)
     wanted = set(filter(None, args.runs.split(",")))

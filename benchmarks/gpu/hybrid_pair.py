@@ -7,7 +7,9 @@
 One engine per stage, each in its own process (``--one STAGE``), dummy weights,
 the shapes of ``fixtures/shapes/qwen3.6-27b`` (Qwen3_5ForConditionalGeneration
 target + DFlashDraftModel drafter [sliding x4, full]), ``max_model_len`` 8192,
-``gpu_memory_utilization`` 0.85, eager unless ``--graphs``. Stages:
+``gpu_memory_utilization`` 0.85, eager unless ``--graphs``; GDN prefill: ``--gdn``
+(default: FlashInfer where it can run, i.e. the carried prebuilt module, else
+Triton; the kernel vLLM logged is recorded as ``log.gdn_prefill``). Stages:
 
 * ``dflash_bf16``: DFlash k=15, ``--kv-cache-dtype auto`` (bf16)
 * ``dflash_fp8``: DFlash k=15, ``--kv-cache-dtype fp8`` (drafter KV in fp8:
@@ -46,6 +48,9 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from benchmarks.gpu import gdn_backend  # noqa: E402
+
 SHAPES = REPO / "fixtures" / "shapes" / "qwen3.6-27b"
 STAGES = {
     "dflash_bf16": {"spec": True, "kv": "auto", "env": {}},
@@ -99,8 +104,7 @@ def engine_kwargs(stage: str, args: argparse.Namespace) -> dict:
         enable_prefix_caching=False,  # DFlash + prefix caching: refused on hybrids
         limit_mm_per_prompt={"image": 0, "video": 0},
     )
-    if args.gdn:
-        # The carried bundle has no flashinfer (vLLM's default GDN prefill on sm90).
+    if args.gdn:  # '' = vLLM's default (FlashInfer on sm90)
         kw["gdn_prefill_backend"] = args.gdn
     if s["spec"]:
         kw["speculative_config"] = {
@@ -271,6 +275,9 @@ def parse_log(text: str) -> dict:
     ]
     if errs:
         out["error_lines"] = errs[-6:]
+    gdn = gdn_backend.from_log(text)  # the GDN prefill kernel vLLM logged
+    if gdn:
+        out["gdn_prefill"] = gdn
     return out
 
 
@@ -341,7 +348,10 @@ def driver(args: argparse.Namespace) -> int:
     for stage in args.stages:
         left = args.deadline - (time.time() - t0)
         need = NEED_S.get(stage, NEED_DEFAULT_S)
-        rec: dict = {"stage": stage}
+        rec: dict = {
+            "stage": stage,
+            "gdn_prefill_requested": args.gdn or "vllm-default",
+        }
         if left < need:
             rec.update(ok=False, skipped=f"{left:.0f}s left < {need}s")
         else:
@@ -385,7 +395,9 @@ def driver(args: argparse.Namespace) -> int:
             fh.write(line + "\n")
         keys = ("stage", "ok", "started", "error", "skipped", "expected_failure")
         short = {k: rec.get(k) for k in keys}
-        short.update({k: rec.get("log", {}).get(k) for k in ("max_concurrency",)})
+        short.update(
+            {k: rec.get("log", {}).get(k) for k in ("max_concurrency", "gdn_prefill")}
+        )
         short["predicted"] = (rec.get("predicted") or {}).get("max_concurrency")
         print("RESULT", json.dumps(short, default=str)[:600], flush=True)
     cmp = compare(results)
@@ -445,11 +457,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder with target-config.json + drafter-config.json",
     )
     ap.add_argument(
-        "--gdn", default="triton", help="gdn_prefill_backend ('' = default)"
-    )
+        "--gdn", default=None,
+        help="gdn_prefill_backend: flashinfer | triton | '' (vLLM's default) | auto. Default: "
+        "$GDN_PREFILL, else vLLM's default where flashinfer can run its GDN prefill "
+        "(carried prebuilt module), else triton (gdn_backend.py)",
+    )  # fmt: skip
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--graphs", action="store_true", help="CUDA graphs (default eager)")
     args = ap.parse_args(argv)
+    if args.gdn is None or args.gdn == "auto":
+        args.gdn = gdn_backend.choose(args.gdn) or ""
     args.conc = [int(c) for c in str(args.conc).split(",") if c]
     args.stages = [s for s in str(args.stages).split(",") if s]
     bad = [s for s in args.stages if s not in STAGES]

@@ -70,7 +70,9 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument(
         "--gdn-prefill-backend", default=None,
-        help="hybrid targets: 'triton' where flashinfer is absent (the carried bundle)",
+        help="hybrid targets: gdn_prefill_backend (flashinfer|triton); default: vLLM's "
+        "choice (FlashInfer on sm90). gpu_check passes triton where flashinfer cannot "
+        "run (benchmarks/gpu/gdn_backend.py)",
     )  # fmt: skip
     args = ap.parse_args()
     # collective_rpc with a function (the drafter KV report) pickles it by value.
@@ -100,7 +102,8 @@ def main() -> None:
         kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) or None, **extra,
     )  # fmt: skip
     init_s = time.time() - t0
-    result = {"init_s": init_s, "batches": {}}
+    result = {"init_s": init_s, "batches": {},
+              "gdn_prefill_requested": args.gdn_prefill_backend or "vllm-default"}  # fmt: skip
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
         ps = prompts(bs)

@@ -29,7 +29,9 @@ Stages (all started at once, one engine per process, on one GPU; every engine ge
   rule (vllm_dflash/cpu/gdn_ops.py, on the GPU; FLA's ``chunk_gated_delta_rule``
   asserts q.dtype != float32), uni-process engine; verification/decode GDN kernels,
   conv1d and attention are vLLM's CUDA ones. ``hybrid-bf16-graph``: bfloat16, every
-  kernel vLLM's (GDN prefill forced to FLA Triton: no FlashInfer JIT); its target
+  kernel vLLM's (GDN prefill: FlashInfer where it can run, i.e. with the carried
+  prebuilt module, else FLA Triton; ``GDN_PREFILL`` overrides; the kernel vLLM
+  logged is in the engine_ran checks as ``gdn_prefill``); its target
   computes in bf16, so a check can fail by precision, as ``dense`` showed at top-k:
   read a bf16 failure that the no-spec engine shares as precision, not DFlash.
 
@@ -49,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu import gdn_backend  # noqa: E402
 from tests.helpers import sampling_check as sc  # noqa: E402
 
 CRASH_PROMPT = [4 + (j * 11) % 500 for j in range(12)]
@@ -151,6 +154,7 @@ def stat_stage(
         )  # fmt: skip
         (work / f"{tag}-{which}.log").write_text(log)
         info[which] = {"rc": rc, "seconds": round(time.monotonic() - t0, 1),
+                       "gdn_prefill": gdn_backend.from_log(log),  # as vLLM logged it
                        "tail": log.splitlines()[-30:] if rc else []}  # fmt: skip
         if data:
             runs[which] = data
@@ -200,8 +204,8 @@ def hybrid_stage(root: Path, work: Path, n: int, cpu: bool = False) -> list[dict
         variants = {
             "hybrid-fp32-graph": ["--dtype", "float32", "--uni", "--gdn-prefill",
                                   "torch", *common, *gpu],
-            "hybrid-bf16-graph": ["--dtype", "bfloat16", "--gdn-prefill", "triton",
-                                  *common, *gpu],
+            "hybrid-bf16-graph": ["--dtype", "bfloat16", "--gdn-prefill",
+                                  gdn_backend.choose() or "stock", *common, *gpu],
         }  # fmt: skip
 
     def exact():

@@ -41,11 +41,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--gdn-prefill",
-        choices=("stock", "triton", "torch"),
+        choices=("stock", "triton", "flashinfer", "torch"),
         default="stock",
-        help="hybrid targets on CUDA: the GDN prefill kernel. triton: FLA (bf16/fp16 "
-        "only); torch: vllm_dflash/cpu/gdn_ops.py's fp32 chunked rule on the GPU "
-        "(needs --uni: it is installed in this process)",
+        help="hybrid targets on CUDA: the GDN prefill kernel. stock: vLLM's choice "
+        "(FlashInfer on sm90); triton: FLA (bf16/fp16 only); flashinfer: FlashInfer "
+        "(sm90, bf16/fp16); torch: vllm_dflash/cpu/gdn_ops.py's fp32 chunked rule on "
+        "the GPU (needs --uni: it is installed in this process)",
     )
     args = ap.parse_args()
 
@@ -76,7 +77,8 @@ def main() -> None:
     if args.gdn_prefill != "stock":
         # ChunkGatedDeltaRule: "triton" selects forward_native, which calls the
         # module's fla_chunk_gated_delta_rule (FLA asserts q.dtype != float32).
-        kwargs["additional_config"] = {"gdn_prefill_backend": "triton"}
+        backend = "flashinfer" if args.gdn_prefill == "flashinfer" else "triton"
+        kwargs["additional_config"] = {"gdn_prefill_backend": backend}
     if args.gdn_prefill == "torch":
         if not args.uni:
             ap.error("--gdn-prefill torch needs --uni")

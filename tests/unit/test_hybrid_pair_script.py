@@ -16,7 +16,10 @@ INFO 12-01 10:01:01 [kv_cache_utils.py:1710] Maximum concurrency for 8,192 token
 """
 
 
-def test_parse_args_and_engine_kwargs(tmp_path):
+def test_parse_args_and_engine_kwargs(tmp_path, monkeypatch):
+    # no flashinfer that can run its GDN prefill here: triton (gdn_backend.choose)
+    monkeypatch.delenv("GDN_PREFILL", raising=False)
+    monkeypatch.setattr(hp.gdn_backend, "flashinfer_usable", lambda: (False, "test"))
     args = hp.parse_args([str(tmp_path / "o.jsonl"), "--root", str(tmp_path / "m")])
     assert args.stages == hp.DEFAULT_STAGES.split(",") and args.conc == [1, 8, 32]
     kw = hp.engine_kwargs("dflash_fp8", args)
@@ -33,6 +36,16 @@ def test_parse_args_and_engine_kwargs(tmp_path):
     }
     one = hp.parse_args(["r.json", "--one", "nospec_fp8"] + hp._passthrough(args))
     assert one.one == "nospec_fp8" and one.conc == args.conc and one.k == 15
+    assert one.gdn == "triton"
+    # flashinfer usable: vLLM's default (FlashInfer on sm90), kept by the stage processes
+    monkeypatch.setattr(hp.gdn_backend, "flashinfer_usable", lambda: (True, "test"))
+    fi = hp.parse_args([str(tmp_path / "o.jsonl"), "--root", str(tmp_path / "m")])
+    assert fi.gdn == "" and "gdn_prefill_backend" not in hp.engine_kwargs(
+        "dflash_fp8", fi
+    )
+    assert (
+        hp.parse_args(["r.json", "--one", "nospec_fp8"] + hp._passthrough(fi)).gdn == ""
+    )
 
 
 def test_parse_log_and_prediction(tmp_path):
@@ -45,6 +58,11 @@ def test_parse_log_and_prediction(tmp_path):
     assert got["attention_block_size"] == 960 and got["error_lines"] == [
         "AssertionError"
     ]
+    assert "gdn_prefill" not in got
+    assert (
+        hp.parse_log("Using FlashInfer GDN prefill kernel")["gdn_prefill"]
+        == "flashinfer"
+    )
     p = hp.predict("dflash_fp8", args, 61.57)
     assert (p["block_size"], p["groups"], p["max_concurrency"]) == (960, 15, 32.8)
     assert hp.predict("dflash_bf16", args, 61.57)["max_concurrency"] == 26.9
