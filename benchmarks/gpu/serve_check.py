@@ -223,8 +223,13 @@ def main() -> int:
     ]  # fmt: skip
     if args.eager:
         common.append("--enforce-eager")
-    if args.gdn_prefill_backend:
-        common += ["--gdn-prefill-backend", args.gdn_prefill_backend]
+    from benchmarks.gpu import gdn_backend
+
+    gdn = args.gdn_prefill_backend or (
+        None if args.cpu_dry_run else gdn_backend.choose()
+    )
+    if gdn:
+        common += ["--gdn-prefill-backend", gdn]
     if not args.cpu_dry_run:
         common += ["--gpu-memory-utilization", "0.08"]
     servers = {
@@ -258,6 +263,10 @@ def main() -> int:
                 runs = {name: f.result() for name, f in futs.items()}
         checks.append({"check": "serve_starts", "ok": True,
                        "detail": f"start s: base {runs['base']['start_s']}, dflash {runs['spec']['start_s']}"})  # fmt: skip
+        result["gdn_prefill"] = {
+            name: gdn_backend.from_log(srv.log_path.read_text(errors="replace"))
+            for name, srv in servers.items()
+        }
         rows = near_tie_rows(models.target, models.drafter, runs["base"], runs["spec"])
         result.update(runs=runs, divergences=rows)
         checks += evaluate(
