@@ -3,11 +3,11 @@
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
-# PERF_CONC, PERF_TP, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
+# PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
 # GPU_HYBRID sampling pair), SAMPLING_N), trace (step_trace.py:
-# profiler trace of MODEs at TRACE_CONC, per-step GPU busy/idle/phase summary), hybrid
+# profiler trace of MODEs at TRACE_CONC, TRACE_PAIR=dense|hybrid, per-step GPU busy/idle/phase summary), hybrid
 # (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
 # (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS).
@@ -86,8 +86,8 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       timeout "${CHECK_TIMEOUT:-560}" python3 benchmarks/gpu/gpu_check.py --out "$W/check" --budget "${BUDGET:-500}" \
         --runs "${RUNS:-}" --jobs "${JOBS:-8}" --slots-per-gpu "${SLOTS:-1}" > "$W/check.log" 2>&1
       say "check rc=$?"; grep '^\[gpu_check\]' "$W/check.log" | cut -c1-260 ;;
-    pytest)  # the user-facing form of the check: pytest -m gpu (RUNS: GPU_CHECK_RUNS)
-      GPU_CHECK_OUT="$W/pytest-gpu" GPU_CHECK_RUNS=${RUNS:-} timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -m gpu tests/gpu \
+    pytest)  # the user-facing form of the check: pytest -m gpu (RUNS: GPU_CHECK_RUNS); pytest:PATH
+      GPU_CHECK_OUT="$W/pytest-gpu" GPU_CHECK_RUNS=${RUNS:-} timeout "${CHECK_TIMEOUT:-560}" python3 -m pytest -m gpu "${arg:-tests/gpu}" \
         -p no:cacheprovider --junitxml "$W/pytest-gpu.xml" > "$W/pytest-gpu.log" 2>&1
       say "pytest -m gpu rc=$?"; tail -15 "$W/pytest-gpu.log"
       cp "$W/pytest-gpu/gpu_check.json" "$W/pytest-gpu_check.json" 2>/dev/null ;;
@@ -97,7 +97,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           local log="$W/perf-$mode-tp${PERF_TP:-1}-rep$rep-gpu$gpu.log"
           timeout 300 python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
             --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" --repeats "${PERF_BATCHES:-3}" \
-            --root "/root/p8b-$mode-$gpu" > "$log" 2>&1
+            --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" > "$log" 2>&1
           say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
           grep RESULT "$log" | cut -c1-220
         done
@@ -116,8 +116,8 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       done ;;
     trace)
       for m in ${arg:-base plugin}; do
-        timeout 300 python3 benchmarks/gpu/step_trace.py "$m" "$W/trace" --conc "${TRACE_CONC:-1}" \
-          --root "/root/p8b-trace-$m" > "$W/trace-$m.log" 2>&1
+        timeout "${TRACE_TIMEOUT:-300}" python3 benchmarks/gpu/step_trace.py "$m" "$W/trace" --conc "${TRACE_CONC:-1}" \
+          --pair "${TRACE_PAIR:-dense}" --root "/root/trace-${TRACE_PAIR:-dense}-$m" > "$W/trace-$m.log" 2>&1
         say "trace $m rc=$?"; grep RESULT "$W/trace-$m.log" | cut -c1-1500
       done ;;
     sampling)  # sampling_check.py: distribution checks + the fp32 crash variants (+ hybrid)

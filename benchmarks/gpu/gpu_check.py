@@ -69,6 +69,14 @@ class Run:
     # A disabled fix whose stock defect is a wrong token (not a lower draft match):
     # the run must diverge from no speculation by more than a near-tie.
     defect_wrong_token: bool = False
+    # Hybrid targets: "torch" runs the GDN prefill on the plugin's float32 chunked
+    # rule (run_llm.py --gdn-prefill-backend torch, uni-process): vLLM's FLA and
+    # FlashInfer prefills are bf16/fp16 only. "": vLLM's choice (gdn_backend.py).
+    gdn_prefill: str = ""
+    # Hybrid runs keep prefix caching off unless this is set (vLLM then picks mamba
+    # cache mode 'align'). The batches share prompts (prompts(1) and prompts(8) open
+    # prompts(32)), so batches 8 and 32 hit the prefix cache.
+    prefix_caching: bool = False
 
     @property
     def base(self) -> str:
@@ -126,6 +134,21 @@ RUNS = [
     # graph for its prefill and its GDN state is never built (wrong first token).
     Run("hybrid-swa-graph-stockalias", "swa", eager=False, fixtures="hybrid",
         disable="dflash_prefill_not_uniform_decode", defect_wrong_token=True),
+    # float32 (the drafter on FLEX_ATTENTION over the hybrid K/V-interleaved cache:
+    # dflash_flex_hybrid_kv_layout): no bf16 rounding between the verify and decode
+    # paths, so lossless and drafts are judged exactly.
+    Run("hybrid-base-eager-fp32", fixtures="hybrid", dtype="float32", gdn_prefill="torch"),
+    Run("hybrid-swa-eager-fp32", "swa", fixtures="hybrid", dtype="float32", gdn_prefill="torch"),
+    Run("hybrid-base-graph-fp32", eager=False, fixtures="hybrid", dtype="float32", gdn_prefill="torch"),
+    Run("hybrid-swa-graph-fp32", "swa", eager=False, fixtures="hybrid", dtype="float32", gdn_prefill="torch"),
+    # DFlash + prefix caching on a hybrid target: refused at start-up (CPU: the
+    # target's output changes after a prefix-cache hit); with the refusal disabled,
+    # does the corruption show on the GPU too (wrong tokens vs no speculation)?
+    Run("hybrid-swa-eager-prefixcache", "swa", fixtures="hybrid", prefix_caching=True,
+        expect_fail="DFlash + prefix caching on a hybrid target is refused (hybrid_align_budget_check)",
+        fail_pattern=r"DFlash with prefix caching on a hybrid"),
+    Run("hybrid-swa-eager-prefixcache-stock", "swa", fixtures="hybrid", prefix_caching=True,
+        disable="hybrid_align_budget_check", defect_wrong_token=True),
 ]  # fmt: skip
 BY_NAME = {r.name: r for r in RUNS}
 
@@ -177,10 +200,10 @@ def run_one(
     if run.drafter:
         cmd += ["--drafter", str(models.drafter(run))]
     if run.fixtures == "hybrid":
-        cmd += ["--no-prefix-caching", "--mm-limit", "0"]
+        cmd += ["--mm-limit", "0"] + ([] if run.prefix_caching else ["--no-prefix-caching"])
         # vLLM picks FlashInfer's GDN prefill on Hopper: kept when flashinfer can run
         # it (the carried prebuilt module), else triton (gdn_backend.py; GDN_PREFILL)
-        gdn = gdn_backend.choose()
+        gdn = run.gdn_prefill or gdn_backend.choose()
         if gdn:
             cmd += ["--gdn-prefill-backend", gdn]
     if run.eager:
@@ -411,7 +434,7 @@ def evaluate(report: dict) -> list[dict]:
         if run.dtype == "bfloat16":
             add("backend", name, "FLASH_ATTN" in r["backends"], f"{r['backends']}")
         want = (report.get("gdn_prefill") or {}).get("expected")
-        if run.fixtures == "hybrid" and want and r.get("gdn_prefill"):
+        if run.fixtures == "hybrid" and want and r.get("gdn_prefill") and not run.gdn_prefill:
             add("gdn_prefill", name, r["gdn_prefill"] == want,
                 f"vLLM logged {r['gdn_prefill']}, expected {want}")  # fmt: skip
         if not run.drafter:
@@ -541,8 +564,19 @@ def main() -> int:
         help="appended to every run_llm.py command (a CPU dry run: "
         "'--batch-sizes 1,4 --max-tokens 12 --dtype float32')",
     )  # fmt: skip
+    ap.add_argument(
+        "--reanalyse", action="store_true",
+        help="judge the engine outputs already in --out (runs.json, outputs, traces: "
+        "e.g. brought back from a GPU call whose time ran out during the analysis); "
+        "starts no engine, any machine",
+    )  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.reanalyse:
+        results = json.loads((args.out / "runs.json").read_text())
+        runs = [BY_NAME[name] for name in results]
+        models, _ = build_fixtures(args.models, runs)
+        return finish(build_report(results, args.out, models), args.out)
     if args.merge:
         report = {"device": None, "runs": {}}
         for path in args.merge:
@@ -569,6 +603,8 @@ def main() -> int:
         if r.fixtures in fixture_errors:
             results[r.name] = {"rc": None, "skipped": fixture_errors[r.fixtures]}
     results = {r.name: results[r.name] for r in runs}  # RUNS order
+    # the engines' part of the report, kept before the (CPU-heavy) float64 analysis
+    (args.out / "runs.json").write_text(json.dumps(results, indent=1))
     return finish(build_report(results, args.out, models), args.out)
 
 

@@ -34,15 +34,34 @@ DRAFTER = dict(
 )  # fmt: skip
 
 
-def write_models(root: str) -> None:
-    for name, cfg in (("target", TARGET), ("draft", DRAFTER)):
+# --pair hybrid: the Qwen3.6-27B-shaped hybrid target (Gated-DeltaNet + gated
+# attention, M-RoPE, vision tower; text prompts) and the drafter shaped like
+# z-lab/Qwen3.6-27B-DFlash (4 sliding + 1 full layers, block 16).
+SHAPES = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "shapes", "qwen3.6-27b"
+)
+
+
+def pair_configs(pair: str) -> tuple[dict, dict]:
+    if pair == "dense":
+        return TARGET, DRAFTER
+    with open(os.path.join(SHAPES, "target-config.json")) as fh:
+        target = json.load(fh)
+    with open(os.path.join(SHAPES, "drafter-config.json")) as fh:
+        drafter = json.load(fh)
+    return target, drafter
+
+
+def write_models(root: str, pair: str = "dense") -> None:
+    for name, cfg in zip(("target", "draft"), pair_configs(pair), strict=True):
         os.makedirs(f"{root}/{name}", exist_ok=True)
         with open(f"{root}/{name}/config.json", "w") as fh:
             json.dump(cfg, fh)
 
 
 def engine_kwargs(
-    mode: str, root: str, tau: float, max_num_seqs: int, tp: int = 1
+    mode: str, root: str, tau: float, max_num_seqs: int, tp: int = 1,
+    pair: str = "dense",
 ) -> dict:
     """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
     spec = None
@@ -51,11 +70,23 @@ def engine_kwargs(
             "method": "dflash", "model": f"{root}/draft", "num_speculative_tokens": 15,
             "rejection_sample_method": "synthetic", "synthetic_acceptance_length": tau,
         }  # fmt: skip
+    extra = {}
+    if pair == "hybrid":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        from benchmarks.gpu import gdn_backend
+
+        # DFlash + prefix caching is refused on hybrid targets: off in both modes
+        extra = dict(enable_prefix_caching=False, limit_mm_per_prompt={"image": 0, "video": 0})
+        gdn = gdn_backend.choose()  # vLLM's FlashInfer where it can run, else triton
+        if gdn:
+            extra["gdn_prefill_backend"] = gdn
     return dict(
         model=f"{root}/target", load_format="dummy", skip_tokenizer_init=True,
         dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
         speculative_config=spec, seed=0, max_num_seqs=max_num_seqs,
-        tensor_parallel_size=tp,
+        tensor_parallel_size=tp, **extra,
     )  # fmt: skip
 
 
@@ -76,6 +107,7 @@ def main() -> None:
     ap.add_argument("--root", default="/root/p8b")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--tag", default="", help="label stored with each record")
+    ap.add_argument("--pair", choices=["dense", "hybrid"], default="dense")
     ap.add_argument(
         "--repeats", type=int, default=3, help="timed batches per concurrency"
     )
@@ -88,13 +120,13 @@ def main() -> None:
         os.environ["VLLM_DFLASH_PROFILE"] = args.profile
     if args.mode == "stock":
         os.environ["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM
-    write_models(args.root)
+    write_models(args.root, args.pair)
     from vllm import LLM, SamplingParams
 
     concs = [int(c) for c in args.conc.split(",")]
     t0 = time.time()
     llm = LLM(
-        **engine_kwargs(args.mode, args.root, args.tau, max(concs), args.tp),
+        **engine_kwargs(args.mode, args.root, args.tau, max(concs), args.tp, args.pair),
         disable_log_stats=False,
     )
     init_s = time.time() - t0
@@ -133,7 +165,7 @@ def main() -> None:
             ntok = sum(len(o.outputs[0].token_ids) for o in outs)
             drafts = d.get("vllm:spec_decode_num_drafts", 0)
             rec = {
-                "mode": args.mode, "tp": args.tp, "tag": args.tag, "conc": conc, "rep": rep,
+                "mode": args.mode, "pair": args.pair, "tp": args.tp, "tag": args.tag, "conc": conc, "rep": rep,
                 "init_s": round(init_s, 1), "gen_s": round(dt, 3), "tok_s": round(ntok / dt, 1), "tokens": ntok,
                 "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,
             }  # fmt: skip

@@ -72,17 +72,33 @@ def main() -> None:
         "--gdn-prefill-backend", default=None,
         help="hybrid targets: gdn_prefill_backend (flashinfer|triton); default: vLLM's "
         "choice (FlashInfer on sm90). gpu_check passes triton where flashinfer cannot "
-        "run (benchmarks/gpu/gdn_backend.py)",
+        "run (benchmarks/gpu/gdn_backend.py). torch: float32 GDN prefill on "
+        "vllm_dflash/cpu/gdn_ops.py's chunked rule (FLA's asserts q.dtype != float32; "
+        "FlashInfer's is bf16/fp16), installed in this process, so the engine runs "
+        "uni-process; the verify/decode GDN kernels stay vLLM's",
     )  # fmt: skip
     args = ap.parse_args()
     # collective_rpc with a function (the drafter KV report) pickles it by value.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    torch_prefill = args.gdn_prefill_backend == "torch"
+    if torch_prefill:  # engine core and worker in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
     extra = {}
     if args.no_prefix_caching:
         extra["enable_prefix_caching"] = False
-    if args.gdn_prefill_backend:
+    if torch_prefill:
+        # "triton" selects ChunkGatedDeltaRule.forward_native, which calls the
+        # module-level fla_chunk_gated_delta_rule: replaced here (harness only).
+        import vllm.model_executor.layers.mamba.gdn_linear_attn as gdn
+
+        from vllm_dflash.cpu import gdn_ops
+
+        gdn.fla_chunk_gated_delta_rule = gdn_ops.chunk_gated_delta_rule
+        extra["gdn_prefill_backend"] = "triton"
+        extra["distributed_executor_backend"] = "uni"
+    elif args.gdn_prefill_backend:
         extra["gdn_prefill_backend"] = args.gdn_prefill_backend
     if args.mm_limit is not None:
         extra["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}

@@ -171,7 +171,7 @@ def _median_step(steps: list[dict]) -> dict:
     return out
 
 
-def run(mode: str, out_dir: str, conc: int, steps: int, root: str) -> None:
+def run(mode: str, out_dir: str, conc: int, steps: int, root: str, pair: str = "dense") -> None:
     import random
     import sys
 
@@ -183,11 +183,11 @@ def run(mode: str, out_dir: str, conc: int, steps: int, root: str) -> None:
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # runner phases in the trace
     trace_dir = os.path.join(out_dir, f"trace-{mode}")
     os.makedirs(trace_dir, exist_ok=True)
-    ps.write_models(root)
+    ps.write_models(root, pair)
     from vllm import LLM, SamplingParams
 
     llm = LLM(
-        **ps.engine_kwargs(mode, root, 6.35, max(conc, 4)),
+        **ps.engine_kwargs(mode, root, 6.35, max(conc, 4), pair=pair),
         profiler_config={
             "profiler": "torch", "torch_profiler_dir": trace_dir,
             "torch_profiler_with_stack": False, "ignore_frontend": True,
@@ -211,13 +211,14 @@ def run(mode: str, out_dir: str, conc: int, steps: int, root: str) -> None:
     files = sorted(glob.glob(os.path.join(trace_dir, "*.json*")), key=os.path.getsize)
     summary = {
         "mode": mode,
+        "pair": pair,
         "conc": conc,
         "untraced_tok_s": round(conc * 768 / untraced, 1),
     }
     if files:
         summary["trace"] = os.path.basename(files[-1])
         summary.update(analyse(_load(files[-1])))
-    with open(os.path.join(out_dir, f"summary-{mode}-c{conc}.json"), "w") as fh:
+    with open(os.path.join(out_dir, f"summary-{pair}-{mode}-c{conc}.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print("RESULT", json.dumps({k: v for k, v in summary.items() if k != "per_step"}))
 
@@ -229,13 +230,14 @@ def main() -> None:
     ap.add_argument("--conc", type=int, default=1)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--root", default="/root/p8b-trace")
+    ap.add_argument("--pair", choices=["dense", "hybrid"], default="dense")
     ap.add_argument("--analyse", default=None, help="summarise an existing trace")
     args = ap.parse_args()
     if args.analyse:
         res = analyse(_load(args.analyse))
         print(json.dumps({k: v for k, v in res.items() if k != "per_step"}, indent=1))
         return
-    run(args.mode, args.out_dir, args.conc, args.steps, args.root)
+    run(args.mode, args.out_dir, args.conc, args.steps, args.root, args.pair)
 
 
 if __name__ == "__main__":
