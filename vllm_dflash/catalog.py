@@ -25,6 +25,7 @@ from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
     drafter_kv_dtype,
+    flex_block_n,
     flex_cudagraph,
     flex_hybrid_kv,
     mrope_positions,
@@ -64,6 +65,7 @@ PATCHES: tuple[Patch, ...] = (
     prefill_alias.PATCH,
     flex_cudagraph.PATCH,
     flex_hybrid_kv.PATCH,
+    flex_block_n.PATCH,
     arg_parser.VALIDATE_PATCH,
     quantized_drafter.PATCH,
     trace.PATCH,

@@ -73,7 +73,8 @@ class Run:
     # rule (run_llm.py --gdn-prefill-backend torch, uni-process): vLLM's FLA and
     # FlashInfer prefills are bf16/fp16 only. "": vLLM's choice (gdn_backend.py).
     gdn_prefill: str = ""
-    # Hybrid runs keep prefix caching off unless this is set (vLLM then picks mamba
+    # Hybrid runs keep prefix caching off unless this is set (then explicitly on:
+    # vLLM 0.20.1 leaves it off for hybrid targets by default; on, it picks mamba
     # cache mode 'align'). The batches share prompts (prompts(1) and prompts(8) open
     # prompts(32)), so batches 8 and 32 hit the prefix cache.
     prefix_caching: bool = False
@@ -200,7 +201,7 @@ def run_one(
     if run.drafter:
         cmd += ["--drafter", str(models.drafter(run))]
     if run.fixtures == "hybrid":
-        cmd += ["--mm-limit", "0"] + ([] if run.prefix_caching else ["--no-prefix-caching"])
+        cmd += ["--mm-limit", "0", "--prefix-caching" if run.prefix_caching else "--no-prefix-caching"]
         # vLLM picks FlashInfer's GDN prefill on Hopper: kept when flashinfer can run
         # it (the carried prebuilt module), else triton (gdn_backend.py; GDN_PREFILL)
         gdn = run.gdn_prefill or gdn_backend.choose()

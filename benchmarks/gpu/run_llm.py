@@ -65,6 +65,10 @@ def main() -> None:
         help="hybrid targets: DFlash + prefix caching is refused there",
     )  # fmt: skip
     ap.add_argument(
+        "--prefix-caching", action="store_true",
+        help="enable_prefix_caching=True (vLLM 0.20.1 leaves it off for hybrid targets)",
+    )  # fmt: skip
+    ap.add_argument(
         "--mm-limit", type=int, default=None,
         help="multimodal targets: images per prompt (videos: 0); 0 = text only",
     )  # fmt: skip
@@ -88,6 +92,8 @@ def main() -> None:
     extra = {}
     if args.no_prefix_caching:
         extra["enable_prefix_caching"] = False
+    if args.prefix_caching:
+        extra["enable_prefix_caching"] = True
     if torch_prefill:
         # "triton" selects ChunkGatedDeltaRule.forward_native, which calls the
         # module-level fla_chunk_gated_delta_rule: replaced here (harness only).
