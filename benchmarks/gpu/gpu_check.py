@@ -78,6 +78,9 @@ class Run:
     # cache mode 'align'). The batches share prompts (prompts(1) and prompts(8) open
     # prompts(32)), so batches 8 and 32 hit the prefix cache.
     prefix_caching: bool = False
+    # Prompts of at least this many tokens (run_llm.py --min-prompt-len); a run with
+    # longer prompts has its own no-speculation run ("-long" in its name).
+    min_prompt_len: int = 8
 
     @property
     def base(self) -> str:
@@ -86,7 +89,8 @@ class Run:
         tp = f"-tp{self.tp}" if self.tp > 1 else ""
         dt = "-fp32" if self.dtype == "float32" else ""
         pre = "hybrid-" if self.fixtures == "hybrid" else ""
-        return f"{pre}base-{mode}{dt}{tp}"
+        long = "-long" if self.min_prompt_len > 8 else ""
+        return f"{pre}base-{mode}{dt}{tp}{long}"
 
     @property
     def plugin_counterpart(self) -> str | None:
@@ -143,12 +147,18 @@ RUNS = [
     Run("hybrid-base-graph-fp32", eager=False, fixtures="hybrid", dtype="float32", gdn_prefill="torch"),
     Run("hybrid-swa-graph-fp32", "swa", eager=False, fixtures="hybrid", dtype="float32", gdn_prefill="torch"),
     # DFlash + prefix caching on a hybrid target: refused at start-up (CPU: the
-    # target's output changes after a prefix-cache hit); with the refusal disabled,
-    # does the corruption show on the GPU too (wrong tokens vs no speculation)?
-    Run("hybrid-swa-eager-prefixcache", "swa", fixtures="hybrid", prefix_caching=True,
+    # target's output changes after a prefix-cache hit). With the refusal disabled,
+    # does the corruption show on the GPU too? fp32 (exact: any divergence beyond a
+    # near-tie is a wrong token), prompts of 320..409 tokens: the hybrid block is
+    # 304 tokens on the GPU, and a prefix-cache hit needs a whole block.
+    Run("hybrid-swa-eager-fp32-long-prefixcache", "swa", fixtures="hybrid",
+        dtype="float32", gdn_prefill="torch", min_prompt_len=320, prefix_caching=True,
         expect_fail="DFlash + prefix caching on a hybrid target is refused (hybrid_align_budget_check)",
         fail_pattern=r"DFlash with prefix caching on a hybrid"),
-    Run("hybrid-swa-eager-prefixcache-stock", "swa", fixtures="hybrid", prefix_caching=True,
+    Run("hybrid-base-eager-fp32-long", fixtures="hybrid", dtype="float32",
+        gdn_prefill="torch", min_prompt_len=320),
+    Run("hybrid-swa-eager-fp32-long-prefixcache-stock", "swa", fixtures="hybrid",
+        dtype="float32", gdn_prefill="torch", min_prompt_len=320, prefix_caching=True,
         disable="hybrid_align_budget_check", defect_wrong_token=True),
 ]  # fmt: skip
 BY_NAME = {r.name: r for r in RUNS}
@@ -213,10 +223,14 @@ def run_one(
         cmd += ["--tp", str(run.tp)]
     if run.max_num_seqs != 32:
         cmd += ["--max-num-seqs", str(run.max_num_seqs)]
+    if run.min_prompt_len > 8:
+        cmd += ["--min-prompt-len", str(run.min_prompt_len)]
     if SHARED_GPU_KV_GIB:
         cmd += ["--kv-cache-gib", str(SHARED_GPU_KV_GIB)]
     cmd += RUN_LLM_ARGS
-    env = {**os.environ, "VLLM_DFLASH_TRACE": str(trace)}
+    env = dict(os.environ)
+    if not run.defect_wrong_token:  # judged by its tokens alone: no drafts to replay
+        env["VLLM_DFLASH_TRACE"] = str(trace)
     env["VLLM_DFLASH_DISABLE"] = "" if run.disable == "*" else run.disable
     if run.disable == "*":
         env["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM

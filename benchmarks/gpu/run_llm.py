@@ -13,11 +13,12 @@ import os
 import time
 
 
-def prompts(n: int, vocab: int = 500) -> list[list[int]]:
+def prompts(n: int, vocab: int = 500, min_len: int = 8) -> list[list[int]]:
     """Token ids 4..503: above the fixtures' special tokens (0..3) and below the
-    hybrid fixture's vision tokens (504..507; tiny_hybrid.IMAGE_ID)."""
+    hybrid fixture's vision tokens (504..507; tiny_hybrid.IMAGE_ID). Lengths
+    ``min_len`` .. ``min_len + 89``; batch n's prompts open batch n+1's."""
     return [
-        [4 + (i * 37 + j * 11) % vocab for j in range(8 + (i * 13) % 90)]
+        [4 + (i * 37 + j * 11) % vocab for j in range(min_len + (i * 13) % 90)]
         for i in range(n)
     ]
 
@@ -63,6 +64,11 @@ def main() -> None:
     ap.add_argument(
         "--no-prefix-caching", action="store_true",
         help="hybrid targets: DFlash + prefix caching is refused there",
+    )  # fmt: skip
+    ap.add_argument(
+        "--min-prompt-len", type=int, default=8,
+        help="shortest prompt (e.g. above a hybrid target's 304-token block, so that "
+        "prefix caching can hit a whole block)",
     )  # fmt: skip
     ap.add_argument(
         "--prefix-caching", action="store_true",
@@ -128,7 +134,7 @@ def main() -> None:
               "gdn_prefill_requested": args.gdn_prefill_backend or "vllm-default"}  # fmt: skip
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     for bs in [int(x) for x in args.batch_sizes.split(",")]:
-        ps = prompts(bs)
+        ps = prompts(bs, min_len=args.min_prompt_len)
         outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp)
         result["batches"][str(bs)] = {
             "prompts": ps,
