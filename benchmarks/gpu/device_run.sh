@@ -117,7 +117,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
     trace)
       for m in ${arg:-base plugin}; do
         timeout "${TRACE_TIMEOUT:-300}" python3 benchmarks/gpu/step_trace.py "$m" "$W/trace" --conc "${TRACE_CONC:-1}" \
-          --pair "${TRACE_PAIR:-dense}" --root "/root/trace-${TRACE_PAIR:-dense}-$m" > "$W/trace-$m.log" 2>&1
+          --pair "${TRACE_PAIR:-dense}" --kv-cache-gib "${TRACE_KV_GIB:-0}" --root "/root/trace-${TRACE_PAIR:-dense}-$m" > "$W/trace-$m.log" 2>&1
         say "trace $m rc=$?"; grep RESULT "$W/trace-$m.log" | cut -c1-1500
       done ;;
     sampling)  # sampling_check.py: distribution checks + the fp32 crash variants (+ hybrid)

@@ -61,7 +61,7 @@ def write_models(root: str, pair: str = "dense") -> None:
 
 def engine_kwargs(
     mode: str, root: str, tau: float, max_num_seqs: int, tp: int = 1,
-    pair: str = "dense",
+    pair: str = "dense", kv_cache_gib: float = 0.0,
 ) -> dict:
     """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
     spec = None
@@ -86,7 +86,8 @@ def engine_kwargs(
         model=f"{root}/target", load_format="dummy", skip_tokenizer_init=True,
         dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
         speculative_config=spec, seed=0, max_num_seqs=max_num_seqs,
-        tensor_parallel_size=tp, **extra,
+        tensor_parallel_size=tp, kv_cache_memory_bytes=int(kv_cache_gib * 2**30) or None,
+        **extra,
     )  # fmt: skip
 
 

@@ -231,7 +231,10 @@ def main() -> int:
     if gdn:
         common += ["--gdn-prefill-backend", gdn]
     if not args.cpu_dry_run:
-        common += ["--gpu-memory-utilization", "0.08"]
+        # a fixed KV cache: no memory profiling, which fails when another engine
+        # on the same GPU frees memory meanwhile ("Error in memory profiling")
+        common += ["--gpu-memory-utilization", "0.08",
+                   "--kv-cache-memory-bytes", str(2 * 2**30)]  # fmt: skip
     servers = {
         "base": VllmServer(str(models.target), common, log_path=args.out / "serve-base.log"),
         "spec": VllmServer(

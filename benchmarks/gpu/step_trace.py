@@ -171,7 +171,10 @@ def _median_step(steps: list[dict]) -> dict:
     return out
 
 
-def run(mode: str, out_dir: str, conc: int, steps: int, root: str, pair: str = "dense") -> None:
+def run(
+    mode: str, out_dir: str, conc: int, steps: int, root: str, pair: str = "dense",
+    kv_cache_gib: float = 0.0,
+) -> None:
     import random
     import sys
 
@@ -187,7 +190,7 @@ def run(mode: str, out_dir: str, conc: int, steps: int, root: str, pair: str = "
     from vllm import LLM, SamplingParams
 
     llm = LLM(
-        **ps.engine_kwargs(mode, root, 6.35, max(conc, 4), pair=pair),
+        **ps.engine_kwargs(mode, root, 6.35, max(conc, 4), pair=pair, kv_cache_gib=kv_cache_gib),
         profiler_config={
             "profiler": "torch", "torch_profiler_dir": trace_dir,
             "torch_profiler_with_stack": False, "ignore_frontend": True,
@@ -231,13 +234,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--root", default="/root/p8b-trace")
     ap.add_argument("--pair", choices=["dense", "hybrid"], default="dense")
+    ap.add_argument(
+        "--kv-cache-gib", type=float, default=0.0,
+        help="fixed KV cache (no memory profiling: another engine shares the GPU)",
+    )  # fmt: skip
     ap.add_argument("--analyse", default=None, help="summarise an existing trace")
     args = ap.parse_args()
     if args.analyse:
         res = analyse(_load(args.analyse))
         print(json.dumps({k: v for k, v in res.items() if k != "per_step"}, indent=1))
         return
-    run(args.mode, args.out_dir, args.conc, args.steps, args.root, args.pair)
+    run(args.mode, args.out_dir, args.conc, args.steps, args.root, args.pair, args.kv_cache_gib)
 
 
 if __name__ == "__main__":
