@@ -224,7 +224,11 @@ def run_one(
     if run.max_num_seqs != 32:
         cmd += ["--max-num-seqs", str(run.max_num_seqs)]
     if run.min_prompt_len > 8:
-        cmd += ["--min-prompt-len", str(run.min_prompt_len)]
+        # 512 - 32 sequences x 6 draft slots = 320 >= the 304-token block: prefills
+        # are cut at block boundaries, where 'align' mode keeps the GDN state (a
+        # prompt prefilled in one chunk leaves none: the H200 run of session 9 had
+        # 320 prefix-cache queries and 0 hits)
+        cmd += ["--min-prompt-len", str(run.min_prompt_len), "--max-num-batched-tokens", "512"]
     if SHARED_GPU_KV_GIB:
         cmd += ["--kv-cache-gib", str(SHARED_GPU_KV_GIB)]
     cmd += RUN_LLM_ARGS

@@ -70,6 +70,7 @@ def main() -> None:
         help="shortest prompt (e.g. above a hybrid target's 304-token block, so that "
         "prefix caching can hit a whole block)",
     )  # fmt: skip
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument(
         "--prefix-caching", action="store_true",
         help="enable_prefix_caching=True (vLLM 0.20.1 leaves it off for hybrid targets)",
@@ -100,6 +101,8 @@ def main() -> None:
         extra["enable_prefix_caching"] = False
     if args.prefix_caching:
         extra["enable_prefix_caching"] = True
+    if args.max_num_batched_tokens:
+        extra["max_num_batched_tokens"] = args.max_num_batched_tokens
     if torch_prefill:
         # "triton" selects ChunkGatedDeltaRule.forward_native, which calls the
         # module-level fla_chunk_gated_delta_rule: replaced here (harness only).
