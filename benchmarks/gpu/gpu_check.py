@@ -211,7 +211,11 @@ def run_one(
     if run.drafter:
         cmd += ["--drafter", str(models.drafter(run))]
     if run.fixtures == "hybrid":
-        cmd += ["--mm-limit", "0", "--prefix-caching" if run.prefix_caching else "--no-prefix-caching"]
+        cmd += [
+            "--mm-limit",
+            "0",
+            "--prefix-caching" if run.prefix_caching else "--no-prefix-caching",
+        ]
         # vLLM picks FlashInfer's GDN prefill on Hopper: kept when flashinfer can run
         # it (the carried prebuilt module), else triton (gdn_backend.py; GDN_PREFILL)
         gdn = run.gdn_prefill or gdn_backend.choose()
@@ -228,7 +232,12 @@ def run_one(
         # are cut at block boundaries, where 'align' mode keeps the GDN state (a
         # prompt prefilled in one chunk leaves none: the H200 run of session 9 had
         # 320 prefix-cache queries and 0 hits)
-        cmd += ["--min-prompt-len", str(run.min_prompt_len), "--max-num-batched-tokens", "512"]
+        cmd += [
+            "--min-prompt-len",
+            str(run.min_prompt_len),
+            "--max-num-batched-tokens",
+            "512",
+        ]
     if SHARED_GPU_KV_GIB:
         cmd += ["--kv-cache-gib", str(SHARED_GPU_KV_GIB)]
     cmd += RUN_LLM_ARGS
@@ -453,7 +462,12 @@ def evaluate(report: dict) -> list[dict]:
         if run.dtype == "bfloat16":
             add("backend", name, "FLASH_ATTN" in r["backends"], f"{r['backends']}")
         want = (report.get("gdn_prefill") or {}).get("expected")
-        if run.fixtures == "hybrid" and want and r.get("gdn_prefill") and not run.gdn_prefill:
+        if (
+            run.fixtures == "hybrid"
+            and want
+            and r.get("gdn_prefill")
+            and not run.gdn_prefill
+        ):
             add("gdn_prefill", name, r["gdn_prefill"] == want,
                 f"vLLM logged {r['gdn_prefill']}, expected {want}")  # fmt: skip
         if not run.drafter:

@@ -38,7 +38,12 @@ DRAFTER = dict(
 # attention, M-RoPE, vision tower; text prompts) and the drafter shaped like
 # z-lab/Qwen3.6-27B-DFlash (4 sliding + 1 full layers, block 16).
 SHAPES = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "shapes", "qwen3.6-27b"
+    os.path.dirname(os.path.abspath(__file__)),
+    "..",
+    "..",
+    "fixtures",
+    "shapes",
+    "qwen3.6-27b",
 )
 
 
@@ -60,8 +65,13 @@ def write_models(root: str, pair: str = "dense") -> None:
 
 
 def engine_kwargs(
-    mode: str, root: str, tau: float, max_num_seqs: int, tp: int = 1,
-    pair: str = "dense", kv_cache_gib: float = 0.0,
+    mode: str,
+    root: str,
+    tau: float,
+    max_num_seqs: int,
+    tp: int = 1,
+    pair: str = "dense",
+    kv_cache_gib: float = 0.0,
 ) -> dict:
     """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
     spec = None
@@ -74,11 +84,15 @@ def engine_kwargs(
     if pair == "hybrid":
         import sys
 
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+        sys.path.insert(
+            0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        )
         from benchmarks.gpu import gdn_backend
 
         # DFlash + prefix caching is refused on hybrid targets: off in both modes
-        extra = dict(enable_prefix_caching=False, limit_mm_per_prompt={"image": 0, "video": 0})
+        extra = dict(
+            enable_prefix_caching=False, limit_mm_per_prompt={"image": 0, "video": 0}
+        )
         gdn = gdn_backend.choose()  # vLLM's FlashInfer where it can run, else triton
         if gdn:
             extra["gdn_prefill_backend"] = gdn

@@ -146,7 +146,9 @@ def main() -> None:
         }
     counters = {}
     for m in llm.get_metrics():
-        if m.name.startswith(("vllm:spec_decode", "vllm:prefix_cache")) and hasattr(m, "value"):
+        if m.name.startswith(("vllm:spec_decode", "vllm:prefix_cache")) and hasattr(
+            m, "value"
+        ):
             counters[m.name] = m.value
     result["spec_decode"] = counters
     if args.drafter:

@@ -172,7 +172,12 @@ def _median_step(steps: list[dict]) -> dict:
 
 
 def run(
-    mode: str, out_dir: str, conc: int, steps: int, root: str, pair: str = "dense",
+    mode: str,
+    out_dir: str,
+    conc: int,
+    steps: int,
+    root: str,
+    pair: str = "dense",
     kv_cache_gib: float = 0.0,
 ) -> None:
     import random
@@ -244,7 +249,15 @@ def main() -> None:
         res = analyse(_load(args.analyse))
         print(json.dumps({k: v for k, v in res.items() if k != "per_step"}, indent=1))
         return
-    run(args.mode, args.out_dir, args.conc, args.steps, args.root, args.pair, args.kv_cache_gib)
+    run(
+        args.mode,
+        args.out_dir,
+        args.conc,
+        args.steps,
+        args.root,
+        args.pair,
+        args.kv_cache_gib,
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,71 @@ def _env() -> dict[str, str]:
     }
 
 
-def test_plain_serve_help_lists_speculative_config():
-    out = subprocess.run(
-        [*VLLM, "serve", "--help"], env=_env(), capture_output=True, text=True
+class CliRuns:
+    """The module's CLI commands, started together (at most ``WORKERS`` at once):
+    each is a Python start-up and a vLLM import, single-threaded, so two overlap
+    on a 2-core CI machine. ``result(name)`` waits for one."""
+
+    WORKERS = 3
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(self.WORKERS)
+        self._futures: dict[str, Future] = {}
+
+    def start(self, name: str, argv: list[str], **kw) -> None:
+        kw = {"env": _env(), "capture_output": True, "text": True, "timeout": 900, **kw}
+        self._futures[name] = self._pool.submit(subprocess.run, argv, **kw)
+
+    def result(self, name: str) -> subprocess.CompletedProcess:
+        return self._futures[name].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+BAD_SPEC = "{method:dflash,model}"
+
+
+@pytest.fixture(scope="module")
+def cli(tiny_models, tmp_path_factory):
+    runs = CliRuns()
+    runs.start("help", [*VLLM, "serve", "--help"])
+    runs.start(
+        "unparseable",
+        [*VLLM, "serve", str(tiny_models.target), "--speculative-config", BAD_SPEC],
     )
+    drafter = make(
+        tiny_models.dense,
+        tmp_path_factory.mktemp("bad-serve") / "bad",
+        {"dflash_config.mask_token_id": 512},
+    )
+    spec = (
+        f"{{method:dflash,model:{drafter},num_speculative_tokens:4}}"  # quotes stripped
+    )
+    runs.start(
+        "bad_drafter",
+        [*VLLM, "serve", str(tiny_models.target), "--dtype", "float32",
+         "--speculative-config", spec],
+    )  # fmt: skip
+    runs.start("version", [*VLLM, "--version"])
+    runs.start(
+        "version_stock",
+        [*VLLM, "--version"],
+        env={**_env(), "VLLM_DFLASH_DISABLE": "cpu_cli_distribution_name"},
+    )
+    work = tmp_path_factory.mktemp("bad-drafters")
+    runs.start(
+        "validate_cases",
+        [sys.executable, "-m", "tests.helpers.validate_cases",
+         str(tiny_models.target), str(tiny_models.dense), str(work)],
+        cwd=ROOT,
+    )  # fmt: skip
+    yield runs
+    runs.close()
+
+
+def test_plain_serve_help_lists_speculative_config(cli):
+    out = cli.result("help")
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if "spec" in ln.lower()]
     assert any("--speculative-config" in ln and "dflash" in ln for ln in lines), (
@@ -38,12 +100,9 @@ def test_plain_serve_help_lists_speculative_config():
     )
 
 
-def test_unparseable_value_is_one_clear_line(tiny_models):
-    bad = "{method:dflash,model}"
-    out = subprocess.run(
-        [*VLLM, "serve", str(tiny_models.target), "--speculative-config", bad],
-        env=_env(), capture_output=True, text=True,
-    )  # fmt: skip
+def test_unparseable_value_is_one_clear_line(cli):
+    bad = BAD_SPEC
+    out = cli.result("unparseable")
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     err = [ln for ln in out.stderr.splitlines() if "--speculative-config" in ln]
@@ -52,17 +111,8 @@ def test_unparseable_value_is_one_clear_line(tiny_models):
     ]
 
 
-def test_bad_drafter_via_serve_fails_before_loading(tiny_models, tmp_path):
-    drafter = make(
-        tiny_models.dense, tmp_path / "bad", {"dflash_config.mask_token_id": 512}
-    )
-    spec = (
-        f"{{method:dflash,model:{drafter},num_speculative_tokens:4}}"  # quotes stripped
-    )
-    out = subprocess.run(
-        [*VLLM, "serve", str(tiny_models.target), "--dtype", "float32", "--speculative-config", spec],
-        env=_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+def test_bad_drafter_via_serve_fails_before_loading(cli):
+    out = cli.result("bad_drafter")
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert (
@@ -73,12 +123,8 @@ def test_bad_drafter_via_serve_fails_before_loading(tiny_models, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def llm_errors(tiny_models, tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("bad-drafters")
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.validate_cases", str(tiny_models.target), str(tiny_models.dense), str(work)],
-        env=_env(), capture_output=True, text=True, timeout=900, cwd=ROOT,
-    )  # fmt: skip
+def llm_errors(cli) -> dict:
+    out = cli.result("validate_cases")
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULTS ")]
     assert line, out.stdout[-2000:] + out.stderr[-3000:]
     return json.loads(line[0][len("RESULTS ") :])
@@ -93,18 +139,15 @@ def test_bad_drafter_config_one_line_error(llm_errors, case):
     assert "\n" not in got["error"]
 
 
-def test_vllm_command_runs_on_the_cpu_wheel():
+def test_vllm_command_runs_on_the_cpu_wheel(cli):
     """cpu_cli_distribution_name: the `vllm` CLI finds its version and the CPU platform."""
     from vllm_dflash.cpu.dist_name import probe
 
     if not probe():
         pytest.skip("a 'vllm' distribution is installed: nothing to fix")
-    ok = subprocess.run(
-        [*VLLM, "--version"], env=_env(), capture_output=True, text=True
-    )
+    ok = cli.result("version")
     assert ok.returncode == 0 and ok.stdout.strip().endswith("+cpu"), ok.stderr[-2000:]
-    env = {**_env(), "VLLM_DFLASH_DISABLE": "cpu_cli_distribution_name"}
-    bad = subprocess.run([*VLLM, "--version"], env=env, capture_output=True, text=True)
+    bad = cli.result("version_stock")
     assert bad.returncode != 0 and "PackageNotFoundError" in bad.stderr
 
 

@@ -60,7 +60,8 @@ def test_dense_lossless_and_reference_equal(offline, tiny_models):
         "engine_smoke", True
     ):
         pytest.skip("ci/matrix.toml: no engine in this version's smoke (matrix-full)")
-    run = offline.run("dense")
+    # test_offline.py's chunked dense run (one engine for both in `make test`)
+    run = offline.run("dense", max_num_batched_tokens=40)
     assert run.ok, run.log[-4000:]
     ref = Reference.load(tiny_models.target, tiny_models.dense)
     div = greedy_divergences(ref, run.data["prompts"], run.data["outputs"])

@@ -47,7 +47,10 @@ def test_tiles():
     ]  # fmt: skip
     opts = {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": 16, "BLOCK_N": 304}
     assert compilable(opts) == {**opts, "BLOCK_N": 16}
-    assert compilable({"BLOCK_M": 64, "BLOCK_N": 128}) == {"BLOCK_M": 64, "BLOCK_N": 128}
+    assert compilable({"BLOCK_M": 64, "BLOCK_N": 128}) == {
+        "BLOCK_M": 64,
+        "BLOCK_N": 128,
+    }
 
 
 @pytest.mark.parametrize("block", [304, 480, 16, 128])

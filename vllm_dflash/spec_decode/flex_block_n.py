@@ -54,9 +54,9 @@ def compilable(options: dict[str, Any]) -> dict[str, Any]:
     out = dict(options)
     for key in ("BLOCK_M", "BLOCK_N"):
         tile = out.get(key)
-        if isinstance(tile, int) and not isinstance(tile, bool):
-            if not is_power_of_two(tile):
-                out[key] = power_of_two_tile(tile)
+        is_tile = isinstance(tile, int) and not isinstance(tile, bool)
+        if is_tile and not is_power_of_two(tile):
+            out[key] = power_of_two_tile(tile)
     return out
 
 
