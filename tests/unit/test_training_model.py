@@ -77,7 +77,9 @@ def test_hybrid_training_features_are_the_references(trained_hybrid):
     target = load_target(trained_hybrid.target)
     got = target_features(target, torch.tensor([seq]), ref.layer_ids)[0]
     want = ref.features(seq)
-    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    # float32 chunked GDN vs the float64 recurrence: measured max error 1.7e-3
+    # on features of mean magnitude 180-340 (neighbouring layers differ by ~130).
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=5e-3)
 
 
 def test_anchor_sampling_and_blocks():
