@@ -56,9 +56,11 @@ MIN_IMAGE_DRAFTS = 12
 IMAGE_ACCEPTANCE_FLOOR = 2.0
 # Image requests' steps that accepted >= 2 draft tokens; measured 6.
 MIN_IMAGE_MULTI_ACCEPT_STEPS = 4
-# dflash_mrope_token_positions disabled: image acceptance drop; measured
-# IMAGE_DROP_MEASURED.
-IMAGE_ACCEPTANCE_DROP = 0.3
+# dflash_mrope_token_positions disabled: image acceptance 1.29 over 34 steps
+# (measured 2026-12-01; 2.67 patched). Margin: about half the drop.
+IMAGE_ACCEPTANCE_DROP = 0.6
+# Lengths a text request drafted at both alone and batched with the images.
+MIN_COMMON_STEPS = 3
 
 
 def _text(seed: int, n: int) -> list[int]:
@@ -221,13 +223,22 @@ def _text_drafts(run) -> list[tuple[dict, dict]]:
     return pairs
 
 
+def _assert_same_drafts(a: dict[int, list[int]], b: dict[int, list[int]]) -> None:
+    """Equal drafts at every committed length both runs drafted at. With drafts
+    accepted, the steps need not fall at the same lengths: in a fuller batch the
+    scheduler may leave some of a request's draft tokens out of a step (short
+    step budget), so fewer are accepted there."""
+    common = sorted(a.keys() & b.keys())
+    assert len(common) >= MIN_COMMON_STEPS, (a, b)
+    assert [a[n] for n in common] == [b[n] for n in common], (a, b)
+
+
 def test_image_requests_never_change_other_drafts(dflash):
-    """Each text prompt drafts the same tokens at every step alone (batch 0) and
-    batched with the image requests (batch 1). (Its drafts equal the reference:
-    tests/e2e/test_hybrid.py.)"""
+    """Each text prompt drafts the same tokens alone (batch 0) and batched with
+    the image requests (batch 1), at every length it drafted at in both. (Its
+    drafts equal the reference: tests/e2e/test_hybrid.py.)"""
     for alone, mixed in _text_drafts(dflash):
-        assert len(alone) >= 3, alone  # steps of up to k + 1 = 5 tokens
-        assert mixed == alone
+        _assert_same_drafts(alone, mixed)
 
 
 def test_token_positions_patch_matters_for_images(
@@ -240,7 +251,11 @@ def test_token_positions_patch_matters_for_images(
     assert stock.data["outputs"] == dflash.data["outputs"]
     stats = compare(ref, *_subset(stock, _is_image(stock.data)))
     assert stats.token_rate < image_stats.token_rate - 0.2, (stats, image_stats)
-    assert _text_drafts(stock) == _text_drafts(dflash)
+    for (a_stock, m_stock), (a_patched, m_patched) in zip(
+        _text_drafts(stock), _text_drafts(dflash), strict=True
+    ):
+        _assert_same_drafts(a_stock, a_patched)
+        _assert_same_drafts(m_stock, m_patched)
     patched, wrong = _image_acceptance(dflash), _image_acceptance(stock)
     _check_verify(stock)
     assert wrong.mean_length < patched.mean_length - IMAGE_ACCEPTANCE_DROP, (
