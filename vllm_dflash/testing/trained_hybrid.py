@@ -16,8 +16,8 @@ follow from the current token and the rest from its recent context (GDN conv
 and state, attention). The drafter has the shape of ``tiny_hybrid.HYBRID_DRAFTER``
 (``[sliding, sliding, full]``, window 6, block 8, target layer ids (1, 3, 6):
 GDN, gated attention, GDN) and is trained with ``vllm_dflash.training`` on the
-target's greedy continuations of random text prompts (seeded; a few minutes on
-2 CPU cores).
+target's greedy continuations of random text prompts (seeded, one torch thread:
+about 6 minutes on a busy 2-core machine).
 
 The target is built from its seed (seconds); a checkout ships only the drafter
 (``fixtures/trained-hybrid/``, about 2 MB) with the fingerprint of every
