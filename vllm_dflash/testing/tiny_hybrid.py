@@ -167,7 +167,11 @@ def hybrid_config(spec: HybridSpec = HYBRID) -> dict:
     }
 
 
-def build_hybrid_target(out: Path, spec: HybridSpec = HYBRID) -> Path:
+def build_hybrid_target(
+    out: Path, spec: HybridSpec = HYBRID, mlp_std: float | None = None
+) -> Path:
+    """Seeded weights (``mlp_std``: std of the MLP weights where it differs from
+    ``spec.init_std``; see ``trained_hybrid``)."""
     from safetensors.torch import save_file
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -175,7 +179,7 @@ def build_hybrid_target(out: Path, spec: HybridSpec = HYBRID) -> Path:
     cfg = hybrid_config(spec)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**cfg))
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    _init_(state, spec.seed, spec.init_std)
+    _init_(state, spec.seed, spec.init_std, mlp_std)
     g = torch.Generator().manual_seed(spec.seed + 1000)
     for name in state:
         if name.endswith("embed_tokens.weight"):

@@ -46,13 +46,17 @@ def drafter_config_for(
     intermediate_size: int | None = None,
 ) -> dict:
     """A DFlashDraftModel config.json derived from the target's config."""
+    # A hybrid's text model type (qwen3_5_text) is no drafter type: DFlash
+    # drafters are Qwen3-style.
+    model_type = "qwen3" if "text_config" in target_cfg else None
+    target_cfg = text_config(target_cfg)
     n = len(layer_types)
     head_dim = target_cfg.get("head_dim") or (
         target_cfg["hidden_size"] // target_cfg["num_attention_heads"]
     )
     cfg = {
         "architectures": ["DFlashDraftModel"],
-        "model_type": target_cfg.get("model_type", "qwen3"),
+        "model_type": model_type or target_cfg.get("model_type", "qwen3"),
         "vocab_size": target_cfg["vocab_size"],
         "hidden_size": target_cfg["hidden_size"],
         "intermediate_size": intermediate_size or target_cfg["intermediate_size"],
@@ -83,18 +87,35 @@ def drafter_config_for(
 
 
 def load_target(target_dir: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    """The target in float32 with transformers. Multimodal wrappers (Qwen3.5/3.6
+    hybrids: ``text_config`` + a vision tower) load as image-text-to-text models:
+    text-only calls run the language model, ``hidden_states`` are its layers'."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForCausalLM.from_pretrained(
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    auto = AutoModelForImageTextToText if "text_config" in cfg else AutoModelForCausalLM
+    return auto.from_pretrained(
         target_dir, torch_dtype=torch.float32, attn_implementation="eager"
     ).eval()
 
 
+def text_config(target_cfg: dict) -> dict:
+    """The language model's config (the wrapper's ``text_config`` if any)."""
+    return target_cfg.get("text_config", target_cfg)
+
+
 def build_corpora(
-    target: torch.nn.Module, drafter_cfg: dict, data_cfg: DataConfig
+    target: torch.nn.Module,
+    drafter_cfg: dict,
+    data_cfg: DataConfig,
+    vocab_end: int | None = None,
 ) -> tuple[Corpus, Corpus]:
-    """(training corpus, held-out corpus) for this drafter's target layers."""
-    vocab = drafter_cfg["vocab_size"]
+    """(training corpus, held-out corpus) for this drafter's target layers.
+
+    Prompt tokens are drawn from ``mask_token_id + 1 .. vocab_end - 1``
+    (default: the whole vocabulary); a multimodal target's vision special
+    tokens sit above ``vocab_end``."""
+    vocab = vocab_end or drafter_cfg["vocab_size"]
     layer_ids = list(drafter_cfg["dflash_config"]["target_layer_ids"])
     mask_id = int(drafter_cfg["dflash_config"]["mask_token_id"])
     # Prompts avoid the special ids up to the mask token (pad/bos/eos/mask).
@@ -118,6 +139,7 @@ def train_drafter(
     data_cfg: DataConfig | None = None,
     log=print,
     corpora: tuple[Corpus, Corpus] | None = None,
+    vocab_end: int | None = None,
 ) -> dict:
     """Train, evaluate (simulated greedy acceptance) and save; returns the report.
 
@@ -131,7 +153,9 @@ def train_drafter(
     t0 = time.monotonic()
     target = load_target(Path(target_dir))
     block = int(drafter_cfg["block_size"])
-    corpus, held_out = corpora or build_corpora(target, drafter_cfg, data_cfg)
+    corpus, held_out = corpora or build_corpora(
+        target, drafter_cfg, data_cfg, vocab_end
+    )
     t_data = time.monotonic() - t0
     log(f"corpus: {tuple(corpus.tokens.shape)} tokens ({t_data:.1f}s)")
     model = TrainableDrafter(
