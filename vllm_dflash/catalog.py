@@ -25,6 +25,7 @@ from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
     drafter_kv_dtype,
+    drafter_mm_gather,
     flex_block_n,
     flex_cudagraph,
     flex_hybrid_kv,
@@ -54,6 +55,7 @@ PATCHES: tuple[Patch, ...] = (
     dflash_inputs.PATCH,
     *gdn.PATCH_RECORDS,
     mrope_positions.PATCH,
+    drafter_mm_gather.PATCH,
     hybrid_prefix_caching.PATCH,
     attention.KV_UPDATE_PATCH,
     attention.NONCAUSAL_PATCH,
