@@ -22,7 +22,7 @@ matrix: install  ## smoke test every other pinned vLLM (ci/matrix.toml): doctor 
 	$(PY) ci/matrix.py --mode smoke
 
 matrix-full: install  ## the whole suite on every other pinned vLLM
-	$(PY) ci/matrix.py --mode full
+	$(PY) ci/matrix.py --mode full --jobs 1
 
 test-fast: install  ## unit tests only
 	$(PY) -m pytest tests -m "not cpu_e2e"

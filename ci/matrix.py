@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import tomllib
@@ -112,6 +113,9 @@ def main() -> int:
     ap.add_argument("--base-venv", type=Path, default=ROOT / ".venv")
     ap.add_argument("--venv-root", type=Path, default=ROOT / ".venv-matrix")
     ap.add_argument("--out", type=Path, default=ROOT / ".venv-matrix" / "results.json")
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="versions at once (full mode: use 1)"
+    )
     ap.add_argument("pytest_args", nargs="*")
     args = ap.parse_args()
 
@@ -129,8 +133,8 @@ def main() -> int:
             f"--base-venv {args.base_venv} has no python: run `make install` first"
         )
     args.venv_root.mkdir(parents=True, exist_ok=True)
-    results = []
-    for v in versions:
+
+    def one(v: str) -> dict:
         if v == matrix["primary"]:
             python = args.base_venv / "bin" / "python"
         else:
@@ -138,10 +142,15 @@ def main() -> int:
                 v, matrix["versions"][v], args.base_venv, args.venv_root
             )
         res = run_version(v, python, args.mode, args.venv_root, args.pytest_args)
-        results.append(res)
         status = "ok" if res["returncode"] == 0 else f"FAILED (rc {res['returncode']})"
         print(f"matrix: vLLM {v} {args.mode}: {status} in {res['seconds']}s | {res['summary']}",
               flush=True)  # fmt: skip
+        return res
+
+    # Versions side by side (--jobs): a smoke is mostly single-threaded Python
+    # start-up, vLLM import and pip, so two overlap on a 2-core machine.
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, versions))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     return 0 if all(r["returncode"] == 0 for r in results) else 1
