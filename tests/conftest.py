@@ -26,6 +26,20 @@ def pytest_configure(config) -> None:
     )
 
 
+# Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`) every
+# test file is one unit of work, so module- and session-scoped engines start
+# once; files whose tests share memoised engine runs share a group.
+SHARED_GROUPS = {
+    "test_matrix": "test_offline"
+}  # test_matrix reuses test_offline's runs
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        stem = Path(str(item.fspath)).stem
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(stem, stem)))
+
+
 def needed_here(patch_name: str) -> tuple[bool, str]:
     """Whether the running vLLM needs the patch, and why not if it does not."""
     from vllm_dflash.catalog import PATCHES
@@ -131,6 +145,7 @@ class OfflineRunner:
         max_tokens: int | None = None,
         extra_args: tuple[str, ...] = (),
         prompt_set: str = "mixed",
+        env: tuple[tuple[str, str], ...] = (),
     ) -> RunResult:
         """One engine process per distinct configuration (memoised).
 
@@ -150,6 +165,7 @@ class OfflineRunner:
             prompts,
             max_tokens,
             extra_args,
+            env,
         )
         if key in self._cache:
             return self._cache[key]
@@ -184,6 +200,7 @@ class OfflineRunner:
             cmd += ["--prompt-set", prompt_set]
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+        extra_env = env
         env = {
             **os.environ,
             # The engine core runs in this process: one Python start-up fewer
@@ -199,6 +216,7 @@ class OfflineRunner:
                 ]
             ),
         }
+        env.update(dict(extra_env))
         if tp > 1:
             cmd += ["--tp", str(tp)]
             # One core per CPU worker (vLLM-CPU cannot auto-bind TP ranks on one

@@ -8,7 +8,7 @@ vLLM object.
 """
 
 from vllm_dflash.config import hybrid_prefix_caching, quantized_drafter
-from vllm_dflash.core import draft_slot_budget, lookahead_slots
+from vllm_dflash.core import adaptive_draft_length, draft_slot_budget, lookahead_slots
 from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
@@ -24,11 +24,14 @@ from vllm_dflash.entrypoints import arg_parser, argv_rebuild
 from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
+    context_only_pass,
     drafter_kv_dtype,
     drafter_mm_gather,
     flex_block_n,
     flex_cudagraph,
     flex_hybrid_kv,
+    gdn_unscheduled_slot,
+    gdn_zero_drafts,
     mrope_positions,
     prefill_alias,
     query_buffers,
@@ -57,6 +60,9 @@ PATCHES: tuple[Patch, ...] = (
     mrope_positions.PATCH,
     drafter_mm_gather.PATCH,
     hybrid_prefix_caching.PATCH,
+    adaptive_draft_length.PATCH,
+    gdn_zero_drafts.PATCH,
+    gdn_unscheduled_slot.PATCH,
     attention.KV_UPDATE_PATCH,
     attention.NONCAUSAL_PATCH,
     dist_name.PATCH,
@@ -70,6 +76,8 @@ PATCHES: tuple[Patch, ...] = (
     flex_block_n.PATCH,
     arg_parser.VALIDATE_PATCH,
     quantized_drafter.PATCH,
+    adaptive_draft_length.CONFIG_PATCH,
+    context_only_pass.PATCH,  # before dflash_trace, which wraps it
     trace.PATCH,
     step_profile.PATCH,
 )

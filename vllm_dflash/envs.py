@@ -25,3 +25,25 @@ VLLM_DFLASH_PROFILE = "VLLM_DFLASH_PROFILE"
 
 def profile_path() -> str | None:
     return os.environ.get(VLLM_DFLASH_PROFILE) or None
+
+
+# Comma-separated draft lengths, e.g. "4,0,0,2": with "draft_length": "adaptive",
+# the scheduler verifies these lengths in turn instead of choosing (a test aid
+# that exercises every transition deterministically).
+VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE = "VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE"
+
+
+def draft_length_schedule() -> tuple[int, ...] | None:
+    raw = os.environ.get(VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE, "").strip()
+    if not raw:
+        return None
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise ValueError(
+            f"{VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE}={raw!r}: expected comma-separated "
+            "non-negative integers, e.g. 4,0,0,2"
+        )
+    return values

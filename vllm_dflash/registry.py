@@ -283,8 +283,11 @@ def replace_attr(
 
 
 def original(obj: Any) -> Any:
-    """The vLLM object a patch replaced (or ``obj`` itself if unpatched)."""
-    return getattr(obj, "__wrapped_original__", obj)
+    """The vLLM object patches replaced (or ``obj`` itself if unpatched): through
+    every patch that wraps the same symbol."""
+    while hasattr(obj, "__wrapped_original__"):
+        obj = obj.__wrapped_original__
+    return obj
 
 
 def is_patched(obj: Any, patch_name: str) -> bool:

@@ -3,7 +3,7 @@
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
-# PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_REPEATS rounds of PERF_BATCHES timed batches), profile (plugin step profile at PERF_CONC),
+# PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU, PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
 # GPU_HYBRID sampling pair), SAMPLING_N), trace (step_trace.py:
@@ -95,9 +95,10 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
           local log="$W/perf-$mode-tp${PERF_TP:-1}-rep$rep-gpu$gpu.log"
-          timeout 300 python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
+          timeout "${PERF_TIMEOUT:-300}" python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
             --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" --repeats "${PERF_BATCHES:-3}" \
-            --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" > "$log" 2>&1
+            --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" \
+            --tau "${PERF_TAU:-6.35}" --max-tokens "${PERF_MAX_TOKENS:-1024}" > "$log" 2>&1
           say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
           grep RESULT "$log" | cut -c1-220
         done

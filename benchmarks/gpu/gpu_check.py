@@ -81,6 +81,11 @@ class Run:
     # Prompts of at least this many tokens (run_llm.py --min-prompt-len); a run with
     # longer prompts has its own no-speculation run ("-long" in its name).
     min_prompt_len: int = 8
+    # "adaptive": speculative_config draft_length; ``schedule``: the per-step
+    # lengths it verifies in turn (VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE: every
+    # transition, including steps that verify nothing, under CUDA graphs).
+    draft_length: str = ""
+    schedule: str = ""
 
     @property
     def base(self) -> str:
@@ -157,6 +162,13 @@ RUNS = [
         fail_pattern=r"DFlash with prefix caching on a hybrid"),
     Run("hybrid-base-eager-fp32-long", fixtures="hybrid", dtype="float32",
         gdn_prefill="torch", min_prompt_len=320),
+    # Adaptive draft length with a forced schedule of lengths (7/4 = k): full, short
+    # and empty verifies, context-only drafter passes, with CUDA graphs.
+    Run("dense-graph-adaptive", "swa", eager=False, draft_length="adaptive",
+        schedule="7,0,0,3,1,5,0,2"),
+    Run("hybrid-swa-graph-fp32-adaptive", "swa", eager=False, fixtures="hybrid",
+        dtype="float32", gdn_prefill="torch", draft_length="adaptive",
+        schedule="7,0,0,3,1,5,0,2"),
     Run("hybrid-swa-eager-fp32-long-prefixcache-stock", "swa", fixtures="hybrid",
         dtype="float32", gdn_prefill="torch", min_prompt_len=320, prefix_caching=True,
         disable="hybrid_align_budget_check", defect_wrong_token=True),
@@ -240,8 +252,12 @@ def run_one(
         ]
     if SHARED_GPU_KV_GIB:
         cmd += ["--kv-cache-gib", str(SHARED_GPU_KV_GIB)]
+    if run.draft_length:
+        cmd += ["--draft-length", run.draft_length]
     cmd += RUN_LLM_ARGS
     env = dict(os.environ)
+    if run.schedule:
+        env["VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE"] = run.schedule
     if not run.defect_wrong_token:  # judged by its tokens alone: no drafts to replay
         env["VLLM_DFLASH_TRACE"] = str(trace)
     env["VLLM_DFLASH_DISABLE"] = "" if run.disable == "*" else run.disable

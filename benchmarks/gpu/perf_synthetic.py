@@ -4,7 +4,8 @@
     python benchmarks/gpu/perf_synthetic.py MODE OUT.jsonl [--conc 1,4,16,64]
 
 MODE: ``base`` (no speculation), ``stock`` (DFlash, vllm-dflash not loaded:
-VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash). Same setup as
+VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash), ``adaptive``
+(the same with ``"draft_length": "adaptive"``). Same setup as
 shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
 target, a drafter shaped like z-lab/Qwen3-8B-DFlash-b16 (5 layers, target ids
 [1,9,17,25,33], block 16), bf16, CUDA graphs, 512-token prompts, 1024 output
@@ -80,6 +81,8 @@ def engine_kwargs(
             "method": "dflash", "model": f"{root}/draft", "num_speculative_tokens": 15,
             "rejection_sample_method": "synthetic", "synthetic_acceptance_length": tau,
         }  # fmt: skip
+        if mode == "adaptive":
+            spec["draft_length"] = "adaptive"
     extra = {}
     if pair == "hybrid":
         import sys
@@ -115,10 +118,11 @@ def random_prompts(rng: random.Random, n: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["base", "stock", "plugin"])
+    ap.add_argument("mode", choices=["base", "stock", "plugin", "adaptive"])
     ap.add_argument("out")
     ap.add_argument("--conc", default="1,4,16,64")
     ap.add_argument("--tau", type=float, default=6.35)
+    ap.add_argument("--max-tokens", type=int, default=1024, help="output tokens")
     ap.add_argument("--root", default="/root/p8b")
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--tag", default="", help="label stored with each record")
@@ -161,7 +165,7 @@ def main() -> None:
         return out
 
     sp = SamplingParams(
-        temperature=0, max_tokens=1024, ignore_eos=True, detokenize=False
+        temperature=0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False
     )
 
     for conc in concs:
@@ -180,7 +184,7 @@ def main() -> None:
             ntok = sum(len(o.outputs[0].token_ids) for o in outs)
             drafts = d.get("vllm:spec_decode_num_drafts", 0)
             rec = {
-                "mode": args.mode, "pair": args.pair, "tp": args.tp, "tag": args.tag, "conc": conc, "rep": rep,
+                "mode": args.mode, "pair": args.pair, "tp": args.tp, "tag": args.tag, "conc": conc, "rep": rep, "tau": args.tau,
                 "init_s": round(init_s, 1), "gen_s": round(dt, 3), "tok_s": round(ntok / dt, 1), "tokens": ntok,
                 "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,
             }  # fmt: skip

@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--draft-length", choices=("fixed", "adaptive"), default=None)
     ap.add_argument(
         "--kv-cache-gib", type=float, default=0.0,
         help="fixed KV cache size (skips vLLM's memory profiling: engines sharing a GPU)",
@@ -125,6 +126,8 @@ def main() -> None:
             "model": args.drafter,
             "num_speculative_tokens": args.k,
         }
+        if args.draft_length:
+            spec["draft_length"] = args.draft_length
     t0 = time.time()
     llm = LLM(
         model=args.target, speculative_config=spec, dtype=args.dtype, max_model_len=1024,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.bad_drafters import CASES, make
+from tests.helpers.validate_cases import SPEC_CASES
 
 pytestmark = pytest.mark.cpu_e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +137,15 @@ def test_bad_drafter_config_one_line_error(llm_errors, case):
     assert got["error"] is not None, f"{case}: accepted"
     assert got["type"] == "DrafterConfigError", got
     assert CASES[case][2] in got["error"], got["error"]
+    assert "\n" not in got["error"]
+
+
+@pytest.mark.parametrize("case", sorted(SPEC_CASES))
+def test_bad_speculative_config_key_one_line_error(llm_errors, case):
+    got = llm_errors[case]
+    assert got["error"] is not None, f"{case}: accepted"
+    assert got["type"] == "DrafterConfigError", got
+    assert SPEC_CASES[case][1] in got["error"], got["error"]
     assert "\n" not in got["error"]
 
 

@@ -81,6 +81,12 @@ def main() -> None:
         help="generate the same prompts a second time (prefix-cache hits); the "
         "second pass is appended to prompts/outputs/request_ids",
     )
+    ap.add_argument(
+        "--draft-length",
+        choices=("fixed", "adaptive"),
+        default=None,
+        help='speculative_config "draft_length" (absent: vLLM\'s default, fixed)',
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -94,6 +100,8 @@ def main() -> None:
             "model": args.drafter,
             "num_speculative_tokens": args.k,
         }
+        if args.draft_length:
+            spec["draft_length"] = args.draft_length
     kwargs = {}
     if args.tp > 1:
         kwargs["tensor_parallel_size"] = args.tp
@@ -149,8 +157,25 @@ def main() -> None:
         "spec_decode": counters,
         "prefix_cache": cache,
     }
+    if args.draft_length == "adaptive":
+        result["draft_lengths"] = _draft_lengths(llm)
     with open(args.out, "w") as fh:
         json.dump(result, fh)
+
+
+def _draft_lengths(llm) -> dict | None:
+    """Scheduled steps per verified draft length, and scheduled requests of steps
+    followed by a query / a context-only drafter pass (engine core in this process)."""
+    from vllm_dflash.core.adaptive_draft_length import controller_of
+
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    ctl = controller_of(getattr(core, "scheduler", None))
+    if ctl is None:
+        return None
+    return {
+        "steps": {str(d): n for d, n in sorted(ctl.steps_by_length.items())},
+        "rows": dict(ctl.rows_by_pass),
+    }
 
 
 if __name__ == "__main__":

@@ -7,13 +7,23 @@ from pathlib import Path
 
 from tests.helpers.bad_drafters import CASES, make
 
+# Bad speculative-config keys with a good drafter: extra keys, expected words.
+SPEC_CASES = {
+    "draft_length_value": (
+        {"draft_length": "bogus"},
+        "draft_length='bogus' is not allowed",
+    ),
+}
+
 
 def main() -> None:
     target, dense, workdir = (Path(a) for a in sys.argv[1:4])
     from vllm import LLM
 
     results = {}
-    for name, (edits, k, _) in CASES.items():
+    cases = {name: (edits, k, {}) for name, (edits, k, _) in CASES.items()}
+    cases |= {name: ({}, 3, extra) for name, (extra, _) in SPEC_CASES.items()}
+    for name, (edits, k, extra) in cases.items():
         drafter = make(dense, workdir / name, edits)
         try:
             LLM(
@@ -22,6 +32,7 @@ def main() -> None:
                     "method": "dflash",
                     "model": str(drafter),
                     "num_speculative_tokens": k,
+                    **extra,
                 },
                 dtype="float32",
                 max_model_len=512,

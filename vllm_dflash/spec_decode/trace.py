@@ -35,6 +35,8 @@ from vllm_dflash.registry import (
 NAME = "dflash_trace"
 _RUNNER = "_vllm_dflash_runner"
 _HISTORY = "_vllm_dflash_history"
+# set by dflash_context_only_pass: False when this step's drafter pass drafts nothing
+QUERY_PASS_ATTR = "_vllm_dflash_query_pass"
 _lock = threading.Lock()
 
 
@@ -157,8 +159,10 @@ def apply() -> None:
 
     writer = TraceWriter(os.path.abspath(envs.trace_path()))
     stock_init = original(DFlashProposer.__init__)
-    stock_propose = original(DFlashProposer.propose)
-    signature = inspect.signature(stock_propose)
+    # wraps what is there (dflash_context_only_pass, applied first, decides
+    # whether the drafter drafts); the arguments are bound by vLLM's signature
+    stock_propose = DFlashProposer.propose
+    signature = inspect.signature(original(DFlashProposer.propose))
 
     def __init__(self, vllm_config, device, runner=None) -> None:
         stock_init(self, vllm_config, device, runner)
@@ -177,19 +181,21 @@ def apply() -> None:
             return drafts
         a = signature.bind(self, *args, **kwargs).arguments
         cad = a["common_attn_metadata"]
-        writer.write(
-            collect_records(
-                runner,
-                getattr(self, _HISTORY),
-                a["target_token_ids"],
-                a["target_positions"],
-                a["next_token_ids"],
-                cad.query_start_loc_cpu,
-                a.get("num_rejected_tokens_gpu"),
-                drafts,
-                cad.seq_lens,
-            )
+        records = collect_records(
+            runner,
+            getattr(self, _HISTORY),
+            a["target_token_ids"],
+            a["target_positions"],
+            a["next_token_ids"],
+            cad.query_start_loc_cpu,
+            a.get("num_rejected_tokens_gpu"),
+            drafts,
+            cad.seq_lens,
         )
+        # A context-only pass drafts nothing: its tokens still go to the history
+        # (with asynchronous scheduling the runner's token table lags behind).
+        if getattr(self, QUERY_PASS_ATTR, True):
+            writer.write(records)
         return drafts
 
     replace_attr(DFlashProposer, "__init__", __init__, NAME)

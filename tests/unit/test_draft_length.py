@@ -1,0 +1,298 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Adaptive draft length: the policy, the config key, the scheduler controller
+and the drafter's context-only pass (the engine runs are in
+tests/e2e/test_draft_length.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_dflash.config import draft_length as cfg
+from vllm_dflash.config.layer_types import DrafterConfigError
+from vllm_dflash.core import adaptive_draft_length as adl
+from vllm_dflash.core.draft_length_policy import DraftLengthPolicy, default_candidates
+from vllm_dflash.spec_decode import context_only_pass
+
+
+# -- policy -------------------------------------------------------------------
+def roofline(num_reqs: int, d: int) -> float:
+    """Step seconds: weight-bound floor 10 ms, then 50 us per verified token; the
+    drafter's query pass (d > 0) grows with the batch, its context pass is cheap."""
+    drafter = 0.001 * (1 + num_reqs * 16 / 512) if d else 0.0002
+    return max(0.010, num_reqs * (1 + d) * 5e-5) + drafter
+
+
+def simulate(policy, num_reqs, q, steps, noise, rng):
+    """Steps with per-position acceptance q; returns (tokens/s, lengths chosen)."""
+    tokens = seconds = 0.0
+    chosen = []
+    for _ in range(steps):
+        d = policy.choose(num_reqs)
+        chosen.append(d)
+        accepted = np.minimum(rng.geometric(1 - q, size=num_reqs) - 1, d)
+        policy.observe_acceptance(np.full(num_reqs, d), accepted)
+        dt = roofline(num_reqs, d) * (1 + noise * rng.standard_normal())
+        policy.observe_step(num_reqs, d, dt)
+        tokens += num_reqs + accepted.sum()
+        seconds += dt
+    return tokens / seconds, chosen
+
+
+def ideal(policy, num_reqs, q):
+    def rate(d):
+        return (
+            num_reqs * (1 + sum(q**j for j in range(1, d + 1))) / roofline(num_reqs, d)
+        )
+
+    best = max(policy.candidates, key=rate)
+    return best, rate(best), rate(policy.k)
+
+
+@pytest.mark.parametrize("q", [0.6, 0.8])
+def test_policy_finds_the_best_length_per_batch_size(q):
+    """Batches grow as in a benchmark sweep; at each size the policy ends on the
+    best length (or next to it) and its throughput is within 5% of the best
+    fixed length's less its exploration (5%), with 2% noise on every step time."""
+    rng = np.random.default_rng(0)
+    policy = DraftLengthPolicy(15)
+    for num_reqs in (1, 16, 64, 128, 256):
+        got, chosen = simulate(policy, num_reqs, q, 600, 0.02, rng)
+        best, best_rate, fixed_rate = ideal(policy, num_reqs, q)
+        assert got >= 0.95 * best_rate, (num_reqs, got, best_rate, chosen[:40])
+        i = policy.candidates.index(best)
+        assert chosen[-1] in policy.candidates[max(0, i - 1) : i + 2], (
+            num_reqs,
+            chosen,
+        )
+        if num_reqs == 1:
+            assert got >= 0.98 * fixed_rate  # no loss where k is best
+    assert policy.describe()["buckets"][9]["current"] == 0  # 256: verify nothing
+
+
+def test_acceptance_counts_only_verified_positions():
+    policy = DraftLengthPolicy(4, acceptance_decay=1.0)
+    # two requests with 4 drafts: one accepted 2 (position 3 rejected, 4 never
+    # verified), one accepted 4; one request with 1 draft, rejected.
+    policy.observe_acceptance(np.array([4, 4, 1]), np.array([2, 4, 0]))
+    tried = policy.tried - 2.0
+    accepted = policy.accepted - 1.0
+    assert tried.tolist() == [3, 2, 2, 1]
+    assert accepted.tolist() == [2, 2, 1, 1]
+    assert policy.expected_tokens(0) == 1.0
+    r = policy.conditional_rates()
+    assert policy.expected_tokens(2) == pytest.approx(1 + r[0] + r[0] * r[1])
+
+
+def test_candidates():
+    assert default_candidates(15) == (0, 1, 2, 3, 4, 6, 8, 11, 15)
+    assert default_candidates(4) == (0, 1, 2, 3, 4)
+    assert default_candidates(1) == (0, 1)
+    with pytest.raises(ValueError):
+        DraftLengthPolicy(0)
+
+
+# -- config key -----------------------------------------------------------------
+def test_split_moves_the_key_out():
+    given = {"method": "dflash", "model": "m", "draft_length": "Adaptive"}
+    rest, mode = cfg.split(given)
+    assert rest == {"method": "dflash", "model": "m"} and mode == "adaptive"
+    assert "draft_length" in given  # the caller's dict is left alone
+    assert cfg.split({"method": "dflash"}) == ({"method": "dflash"}, None)
+    assert cfg.split(None) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ({"method": "dflash", "draft_length": "auto"}, ["draft_length='auto'", "fixed", "adaptive"]),
+        ({"method": "dflash", "draft_length": 3}, ["draft_length=3", "adaptive"]),
+        ({"method": "eagle3", "draft_length": "adaptive"}, ["'dflash' only", "eagle3"]),
+    ],
+)  # fmt: skip
+def test_split_errors_are_one_line(spec, words):
+    with pytest.raises(DrafterConfigError) as e:
+        cfg.split(spec)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def _vllm_config(dp=1, extra=None):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(method="dflash"),
+        parallel_config=SimpleNamespace(
+            data_parallel_size=dp, pipeline_parallel_size=1
+        ),
+        additional_config={} if extra is None else extra,
+    )
+
+
+def test_store_and_mode_of():
+    vc = _vllm_config()
+    assert cfg.mode_of(vc) == "fixed"
+    cfg.store(vc, "adaptive")
+    assert vc.additional_config == {"vllm_dflash": {"draft_length": "adaptive"}}
+    assert cfg.mode_of(vc) == "adaptive"
+    vc.speculative_config.method = "eagle3"
+    assert cfg.mode_of(vc) == "fixed"
+    with pytest.raises(DrafterConfigError, match="data_parallel_size=2"):
+        cfg.store(_vllm_config(dp=2), "adaptive")
+
+
+def test_engine_args_wrapper_moves_the_key(isolated, monkeypatch):
+    """The wrapper hands vLLM the config without the key, restores the caller's
+    dict, and stores the mode (vLLM's own EngineArgs with the key: the e2e runs
+    and tests/e2e/test_cli.py, in subprocesses)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    isolated(adl.CONFIG_PATCH)
+    seen = []
+
+    def stock(self, *a, **k):
+        seen.append(self.speculative_config)
+        return _vllm_config()
+
+    monkeypatch.setattr(EngineArgs, "create_engine_config", stock)
+    adl.config_apply()
+    spec = {"method": "dflash", "model": "m", "draft_length": "adaptive"}
+    args = SimpleNamespace(speculative_config=dict(spec))
+    config = EngineArgs.create_engine_config(args)
+    assert seen == [{"method": "dflash", "model": "m"}]
+    assert args.speculative_config == spec
+    assert cfg.mode_of(config) == "adaptive"
+    args.speculative_config = {**spec, "draft_length": "x"}
+    with pytest.raises(DrafterConfigError, match="draft_length='x'"):
+        EngineArgs.create_engine_config(args)
+    assert len(seen) == 1  # refused before vLLM parsed anything
+
+
+# -- scheduler controller ---------------------------------------------------------
+class FakeScheduler:
+    """Running requests with draft lists; ``schedule`` schedules each request's
+    1 + len(spec_token_ids) tokens (what vLLM's scheduler does for decodes)."""
+
+    def __init__(self, n: int, k: int) -> None:
+        self.k = k
+        self.running = [
+            SimpleNamespace(request_id=f"r{i}", spec_token_ids=list(range(1, k + 1)))
+            for i in range(n)
+        ]
+
+    def stock_schedule(self):
+        spec = {
+            r.request_id: r.spec_token_ids for r in self.running if r.spec_token_ids
+        }
+        num = {r.request_id: 1 + len(r.spec_token_ids) for r in self.running}
+        out = SimpleNamespace(
+            scheduled_spec_decode_tokens=spec,
+            num_scheduled_tokens=num,
+            total_num_scheduled_tokens=sum(num.values()),
+            scheduled_new_reqs=[],
+        )
+        for r in self.running:  # the worker proposes k drafts for the next step
+            r.spec_token_ids = list(range(1, self.k + 1))
+        return out
+
+
+def test_controller_trims_and_keeps_zero_length_decodes_speculative():
+    sched = FakeScheduler(3, 4)
+    ctl = adl.DraftLengthController(sched, 4, forced=(2, 0, 0, 4, 3))
+    out = ctl.schedule(sched.stock_schedule)
+    assert {len(v) for v in out.scheduled_spec_decode_tokens.values()} == {2}
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is False  # next is 0: no query pass
+    out = ctl.schedule(sched.stock_schedule)  # d = 0
+    assert out.scheduled_spec_decode_tokens == {"r0": [], "r1": [], "r2": []}
+    assert out.total_num_scheduled_tokens == 3
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is False
+    out = ctl.schedule(sched.stock_schedule)  # d = 0 again; the next wants 4
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is True
+    out = ctl.schedule(sched.stock_schedule)  # 4
+    assert {len(v) for v in out.scheduled_spec_decode_tokens.values()} == {4}
+    assert ctl.steps_by_length == {2: 1, 0: 2, 4: 1}
+
+
+def test_controller_caps_after_a_context_only_pass():
+    """The policy may want drafts again at once; the step after a context-only
+    pass has none to verify, so it verifies 0 and asks for drafts."""
+    sched = FakeScheduler(2, 4)
+    wants = iter([0, 4, 4])
+    policy = SimpleNamespace(
+        choose=lambda n: next(wants), candidates=(0, 4), buckets={},
+        observe_step=lambda *a: None, observe_acceptance=lambda *a: None,
+    )  # fmt: skip
+    ctl = adl.DraftLengthController(sched, 4, policy=policy)
+    out = ctl.schedule(sched.stock_schedule)
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is False
+    out = ctl.schedule(sched.stock_schedule)
+    assert out.total_num_scheduled_tokens == 2  # capped at 0
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is True
+    out = ctl.schedule(sched.stock_schedule)
+    assert out.total_num_scheduled_tokens == 2 * 5
+
+
+def test_controller_feeds_the_policy():
+    sched = FakeScheduler(2, 4)
+    ctl = adl.DraftLengthController(sched, 4, forced=(3,))
+    outs = [ctl.schedule(sched.stock_schedule) for _ in range(3)]
+    for out in outs:
+        ctl.observe(
+            out,
+            SimpleNamespace(
+                sampled_token_ids=[[1, 2, 3], [1, 2]],
+                req_id_to_index={"r0": 0, "r1": 1},
+            ),
+        )
+    cost = ctl.policy.buckets[2].costs[3]
+    assert cost.samples == 2  # the first step (no step before it) is not timed
+    rates = ctl.policy.conditional_rates()
+    # position 1: both accepted; 3: r0 verified and rejected it; 4: never drafted
+    assert rates[0] > 0.5 and rates[2] < 0.5 and rates[3] == 0.5
+
+
+# -- context-only pass --------------------------------------------------------------
+def test_context_only_pass_stores_context_and_drafts_nothing(isolated):
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    isolated(context_only_pass.PATCH)
+    context_only_pass.apply()
+    calls = []
+    fake = SimpleNamespace(
+        num_speculative_tokens=3, max_batch_size=4, device=torch.device("cpu"),
+        model=SimpleNamespace(combine_hidden_states=lambda h: h * 2),
+        set_inputs_first_pass=lambda **kw: (calls.append(("inputs", kw)) or (6, None, None)),
+        build_model_inputs_first_pass=lambda *a: calls.append(("store", a)),
+    )  # fmt: skip
+    setattr(fake, context_only_pass._QUERY_PASS, False)
+    cad = SimpleNamespace(batch_size=lambda: 2)
+    hidden = torch.ones(5, 2)
+    drafts = DFlashProposer.propose(
+        fake, target_token_ids=torch.zeros(5), target_positions=torch.zeros(5),
+        target_hidden_states=hidden, next_token_ids=torch.zeros(2),
+        token_indices_to_sample=None, common_attn_metadata=cad,
+        sampling_metadata=None, num_rejected_tokens_gpu=None,
+    )  # fmt: skip
+    assert drafts.shape == (2, 3) and not drafts.any()
+    assert [c[0] for c in calls] == ["inputs", "store"]
+    assert torch.equal(calls[0][1]["target_hidden_states"], hidden * 2)
+    assert calls[1][1] == (6, 6, None)  # the context K/V is stored
+
+
+def test_runner_passes_the_scheduler_decision_to_the_drafter(isolated, monkeypatch):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    isolated(context_only_pass.PATCH)
+    seen = []
+    monkeypatch.setattr(
+        GPUModelRunner,
+        "propose_draft_token_ids",
+        lambda self, so, *a, **k: seen.append(self.drafter._vllm_dflash_query_pass),
+    )
+    context_only_pass.apply()
+    runner = SimpleNamespace(drafter=SimpleNamespace())
+    GPUModelRunner.propose_draft_token_ids(runner, SimpleNamespace())
+    out = SimpleNamespace(**{adl.DRAFTS_NEXT_ATTR: False})
+    GPUModelRunner.propose_draft_token_ids(runner, out)
+    assert seen == [True, False]

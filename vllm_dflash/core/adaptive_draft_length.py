@@ -1,0 +1,322 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``"draft_length": "adaptive"``: the scheduler verifies as many drafts as pay off.
+
+Two patches, one per process that needs them:
+
+* ``dflash_draft_length_config`` (front end, ``EngineArgs.create_engine_config``):
+  takes the ``draft_length`` key out of the speculative config before vLLM parses
+  it and keeps it in ``VllmConfig.additional_config`` (``config/draft_length.py``).
+* ``dflash_adaptive_draft_length`` (engine core, ``Scheduler.__init__``): a DFlash
+  scheduler in adaptive mode gets a :class:`DraftLengthController` bound to its
+  ``schedule`` and ``update_from_output`` (instance attributes: no other scheduler,
+  and no engine without the key, runs any of this). Per step it
+
+  1. asks :class:`DraftLengthPolicy` for a draft length ``d`` for the running
+     batch, capped by what the drafter produced (``0`` after a context-only pass);
+  2. trims each running request's draft list to ``d`` before vLLM's own
+     ``schedule`` (vLLM already verifies fewer drafts when the token budget is
+     short, so the runner, the rejection sampler and asynchronous scheduling's
+     placeholders handle shorter lists);
+  3. keeps each decoding request left with 0 drafts (``d == 0``, or the token
+     budget) in ``scheduled_spec_decode_tokens`` with an empty list: the runner then
+     treats it as a speculative decode of one token, so hybrid targets read their
+     Gated-DeltaNet state from the slot of the last accepted token (a plain decode
+     reads slot 0: wrong after accepted drafts; for a batch of such decodes only,
+     see ``spec_decode/gdn_zero_drafts.py``);
+  4. tells the worker on the scheduler output (attribute ``vllm_dflash_drafts_next``)
+     whether the next step wants drafts; if not, the drafter runs a context-only
+     pass (``spec_decode/context_only_pass.py``);
+  5. when the step's output arrives, feeds the policy the wall time since the
+     previous output (decode-only steps whose length and bucket equal the step
+     before: no prefill, no transition) and the accepted count per request.
+
+Greedy output is unchanged (verification of fewer drafts is still exact), and
+the drafts that are verified are the first ``d`` of the full block: the drafter
+always drafts the whole block, so they equal the reference's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vllm_dflash import envs
+from vllm_dflash.config import draft_length as draft_length_config
+from vllm_dflash.core.draft_length_policy import DraftLengthPolicy, bucket_of
+from vllm_dflash.logger import init_logger
+from vllm_dflash.registry import (
+    ALL_PLATFORMS,
+    V020,
+    Patch,
+    PatchKind,
+    is_patched,
+    replace_attr,
+)
+
+logger = init_logger(__name__)
+
+CONFIG_NAME = "dflash_draft_length_config"
+NAME = "dflash_adaptive_draft_length"
+# On SchedulerOutput: False when the step after this one verifies no drafts.
+DRAFTS_NEXT_ATTR = "vllm_dflash_drafts_next"
+_CONTROLLER = "_vllm_dflash_draft_length"
+
+
+@dataclass
+class _Step:
+    d: int
+    num_reqs: int
+    scheduled_at: float
+    measurable: bool  # decode-only, same length and bucket as the step before
+
+
+class DraftLengthController:
+    """Per-step draft length for one scheduler (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: Any,
+        k: int,
+        forced: tuple[int, ...] | None = None,
+        policy: DraftLengthPolicy | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.k = k
+        self.policy = policy or DraftLengthPolicy(k)
+        self.forced = tuple(min(d, k) for d in forced) if forced else None
+        self._forced_i = 0
+        self.cap = k  # drafts available to the next step (0 after a context-only pass)
+        self._pending: dict[int, _Step] = {}
+        self._prev_key: tuple[int, int] | None = None
+        self._last_output: float | None = None
+        self._last_log = 0.0
+        self._logged: dict[int, int] = {}
+        self.steps_by_length: dict[int, int] = {}  # d -> scheduled steps (tests, logs)
+        # scheduled requests of steps after which the drafter drafts / only stores
+        # its context (tests)
+        self.rows_by_pass = {"query": 0, "context": 0}
+
+    def _want(self, num_reqs: int) -> int:
+        if self.forced is not None:
+            d = self.forced[self._forced_i % len(self.forced)]
+            self._forced_i += 1
+            return d
+        return self.policy.choose(num_reqs)
+
+    def _drafts_next(self, d_want: int) -> bool:
+        if self.forced is not None:
+            return self.forced[self._forced_i % len(self.forced)] > 0
+        return d_want > 0
+
+    def schedule(self, stock_schedule) -> Any:
+        running = self.scheduler.running
+        num_reqs = len(running)
+        d_want = self._want(num_reqs)
+        d = min(d_want, self.cap)
+        had_drafts: list[str] = []
+        for req in running:
+            if req.spec_token_ids:
+                had_drafts.append(req.request_id)
+                if len(req.spec_token_ids) > d:
+                    req.spec_token_ids = req.spec_token_ids[:d]
+        scheduled_at = time.perf_counter()
+        out = stock_schedule()
+        spec = out.scheduled_spec_decode_tokens
+        # A decode left with 0 drafts (by d == 0, or by the token budget) stays
+        # speculative: an empty list, not absent (module docstring, step 3).
+        scheduled = out.num_scheduled_tokens
+        for req_id in had_drafts:
+            if req_id not in spec and scheduled.get(req_id) == 1:
+                spec[req_id] = []
+        drafts_next = self._drafts_next(d_want)
+        setattr(out, DRAFTS_NEXT_ATTR, drafts_next)
+        self.cap = self.k if drafts_next else 0
+        n_sched = len(out.num_scheduled_tokens)
+        decode_only = (
+            n_sched > 0
+            and not out.scheduled_new_reqs
+            and out.total_num_scheduled_tokens == n_sched * (1 + d)
+        )
+        key = (d, bucket_of(n_sched))
+        measurable = decode_only and key == self._prev_key
+        self._prev_key = key if decode_only else None
+        if n_sched:
+            self._pending[id(out)] = _Step(d, n_sched, scheduled_at, measurable)
+            self.steps_by_length[d] = self.steps_by_length.get(d, 0) + 1
+            self.rows_by_pass["query" if drafts_next else "context"] += n_sched
+        return out
+
+    def observe(self, scheduler_output: Any, model_runner_output: Any) -> None:
+        now = time.perf_counter()
+        step = self._pending.pop(id(scheduler_output), None)
+        last, self._last_output = self._last_output, now
+        if step is None:
+            return
+        if step.measurable and last is not None:
+            self.policy.observe_step(
+                step.num_reqs, step.d, now - max(last, step.scheduled_at)
+            )
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        sampled = getattr(model_runner_output, "sampled_token_ids", None)
+        index = getattr(model_runner_output, "req_id_to_index", None)
+        if step.d and spec and sampled and index:
+            drafts, accepted = [], []
+            for req_id, ids in spec.items():
+                i = index.get(req_id)
+                if ids and i is not None and sampled[i]:
+                    drafts.append(len(ids))
+                    accepted.append(len(sampled[i]) - 1)
+            if drafts:
+                self.policy.observe_acceptance(np.array(drafts), np.array(accepted))
+        self._maybe_log(now)
+
+    def _maybe_log(self, now: float) -> None:
+        if self.forced is not None or now - self._last_log < 10.0:
+            return
+        chosen = {
+            b: self.policy.candidates[bk.current]
+            for b, bk in self.policy.buckets.items()
+            if bk.current >= 0
+        }
+        if chosen != self._logged:
+            self._last_log, self._logged = now, chosen
+            buckets = self.policy.describe()["buckets"]
+            ranges = {
+                f"{1 << (b - 1)}-{(1 << b) - 1}": (d, buckets[b]["ms"])
+                for b, d in sorted(chosen.items())
+            }
+            logger.info(
+                "DFlash adaptive draft length (requests: drafts verified, measured "
+                "step ms per length) %s; acceptance per position %s",
+                ranges,
+                [round(float(p), 2) for p in self.policy.conditional_rates()],
+            )
+
+
+def controller_of(scheduler: Any) -> DraftLengthController | None:
+    return getattr(scheduler, _CONTROLLER, None)
+
+
+# -- dflash_draft_length_config (front end) ---------------------------------
+def config_probe() -> bool:
+    from vllm.config.speculative import SpeculativeConfig
+
+    fields = getattr(SpeculativeConfig, "__dataclass_fields__", {})
+    return draft_length_config.KEY not in fields
+
+
+def config_apply() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    current = EngineArgs.create_engine_config
+    if is_patched(current, CONFIG_NAME):
+        return
+
+    def create_engine_config(self, *args, **kwargs):
+        given = self.speculative_config
+        rest, mode = draft_length_config.split(given)
+        if mode is None:
+            return current(self, *args, **kwargs)
+        self.speculative_config = rest
+        try:
+            config = current(self, *args, **kwargs)
+        finally:
+            self.speculative_config = given
+        draft_length_config.store(config, mode)
+        return config
+
+    replace_attr(EngineArgs, "create_engine_config", create_engine_config, CONFIG_NAME)
+
+
+# -- dflash_adaptive_draft_length (engine core) -------------------------------
+def scheduler_probe() -> bool:
+    return True  # no vLLM release (0.20-0.23) varies the V1 draft length per step
+
+
+def scheduler_apply() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    stock_init = Scheduler.__init__
+    if is_patched(stock_init, NAME):
+        return
+
+    def __init__(self, *args, **kwargs) -> None:
+        stock_init(self, *args, **kwargs)
+        vllm_config = self.vllm_config
+        if (
+            draft_length_config.mode_of(vllm_config) != draft_length_config.ADAPTIVE
+            or not self.num_spec_tokens
+        ):
+            return
+        ctl = DraftLengthController(
+            self, self.num_spec_tokens, forced=envs.draft_length_schedule()
+        )
+        setattr(self, _CONTROLLER, ctl)
+        stock_schedule = self.schedule
+        stock_update = self.update_from_output
+
+        def schedule(*a, **kw):
+            return ctl.schedule(lambda: stock_schedule(*a, **kw))
+
+        def update_from_output(scheduler_output, model_runner_output):
+            result = stock_update(scheduler_output, model_runner_output)
+            ctl.observe(scheduler_output, model_runner_output)
+            return result
+
+        self.schedule = schedule
+        self.update_from_output = update_from_output
+        logger.info(
+            "DFlash adaptive draft length: each step verifies 0..%d drafts "
+            "(candidates %s), chosen from measured step time and acceptance",
+            ctl.k,
+            list(ctl.policy.candidates),
+        )
+
+    replace_attr(Scheduler, "__init__", __init__, NAME)
+
+
+CONFIG_PATCH = Patch(
+    name=CONFIG_NAME,
+    kind=PatchKind.FEATURE,
+    targets=("vllm.engine.arg_utils:EngineArgs.create_engine_config",),
+    summary=(
+        "speculative_config accepts 'draft_length' ('fixed' | 'adaptive') for "
+        "DFlash, validated with a one-line error before weights load."
+    ),
+    why=(
+        "vLLM's SpeculativeConfig forbids unknown keys; the key is moved to "
+        "VllmConfig.additional_config['vllm_dflash'] for the engine core."
+    ),
+    upstream="none, vllm-dflash feature (upstream: dynamic speculation length, V2 runner only, #32374)",
+    versions=V020,
+    platforms=ALL_PLATFORMS,
+    probe=config_probe,
+    apply=config_apply,
+    future="Keep while no vLLM release has a per-step draft length for V1 DFlash.",
+    probe_false_reason="SpeculativeConfig has a draft_length field of its own",
+)
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.FEATURE,
+    targets=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
+    summary=(
+        "'draft_length': 'adaptive': each step verifies the number of DFlash drafts "
+        "(0..k) that maximises measured tokens per second for the batch."
+    ),
+    why=(
+        "A fixed k is slower than no speculation once the batch makes the verify "
+        "compute bound (H200, 8B pair, acceptance 3.5: 0.86x at 64 requests, 0.63x "
+        "at 128)."
+    ),
+    upstream="none for V1 (dynamic speculation length is V2-runner only: #32374, #45953)",
+    versions=V020,
+    platforms=ALL_PLATFORMS,
+    probe=scheduler_probe,
+    apply=scheduler_apply,
+    future="Keep while no vLLM release has a per-step draft length for V1 DFlash.",
+    probe_false_reason="the scheduler sets the draft length per step itself",
+)

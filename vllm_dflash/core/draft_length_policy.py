@@ -1,0 +1,238 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How many of the k draft tokens to verify in the next step (pure Python).
+
+DFlash drafts a whole block of k tokens per request per step. Verifying them is
+free while the target's step is weight-bandwidth bound (small batches); once the
+batch makes the verify compute bound, each rejected draft token costs real time
+and a fixed k can be slower than no speculation. The policy picks one draft
+length ``d`` (0..k) per step for the whole batch, from what the engine measured:
+
+* acceptance per draft position: ``p_j = P(draft j accepted | drafts 1..j-1
+  accepted)``, counted from every verified step (decayed, so it follows the
+  traffic); the expected tokens per request of a step with ``d`` drafts are
+  ``E(d) = 1 + sum_{j<=d} prod_{i<=j} p_i``;
+* step time per batch-size bucket (number of running requests, powers of two) and
+  per candidate ``d``, from the wall time between step outputs (no device sync);
+
+and chooses the candidate with the highest ``E(d) / step_time(d)``: tokens per
+second per request. Candidates are tried by hill climbing from the best length of
+the nearest bucket already measured (from ``k`` at start-up): a neighbouring
+candidate is probed for a few steps, and so is the next one beyond it while they
+are not clearly worse than the best (by ``margin``: step times are noisy); the
+policy moves to the best measured length when it beats the current one by more
+than ``margin`` (a tie keeps the current length), and
+every ``reprobe_every`` measured steps the other lengths are measured again the
+same way (context lengths grow, the traffic changes). Step times are medians of
+the last few samples, so a slow outlier (a kernel compiled on first use) does
+not decide the length.
+
+The scheduler asks :meth:`choose` once per step and reports each finished step
+with :meth:`observe_step` and :meth:`observe_acceptance`; nothing here touches
+vLLM or the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def default_candidates(k: int) -> tuple[int, ...]:
+    """Draft lengths the policy may pick: dense near 0, sparser up to ``k``."""
+    base = (0, 1, 2, 3, 4, 6, 8, 11, 15, 23, 31)
+    return tuple(sorted({d for d in base if d < k} | {k}))
+
+
+def bucket_of(num_reqs: int) -> int:
+    """Batch-size bucket: 1, 2-3, 4-7, ... share a bucket."""
+    return max(1, num_reqs).bit_length()
+
+
+@dataclass
+class _Cost:
+    """One candidate's step time in one bucket: the median of its last few
+    samples (a step that compiled a kernel or met a host hiccup is one slow
+    sample, and must not decide the length for hundreds of steps)."""
+
+    recent: list[float] = field(default_factory=list)
+    samples: int = 0
+    measured_at: int = -1  # bucket step count at the last sample
+
+    WINDOW = 5
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds)
+        del self.recent[: -self.WINDOW]
+        self.samples += 1
+
+    @property
+    def seconds(self) -> float:
+        s = sorted(self.recent)
+        return s[len(s) // 2] if s else 0.0
+
+
+@dataclass
+class _Bucket:
+    costs: dict[int, _Cost] = field(default_factory=dict)
+    current: int = -1  # index into candidates; -1 until the first choice
+    probing: int | None = None  # index being probed, if any
+    steps: int = 0  # measured steps in this bucket
+    last_reprobe: int = 0
+
+
+class DraftLengthPolicy:
+    def __init__(
+        self,
+        k: int,
+        candidates: tuple[int, ...] | None = None,
+        probe_samples: int = 3,
+        margin: float = 0.03,
+        reprobe_every: int = 512,
+        acceptance_decay: float = 0.995,
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
+        self.k = k
+        self.candidates = candidates or default_candidates(k)
+        if self.candidates[-1] != k or self.candidates[0] < 0:
+            raise ValueError(
+                f"candidates {self.candidates} must lie in 0..{k}, end at k"
+            )
+        self.probe_samples = probe_samples
+        self.margin = margin
+        self.reprobe_every = reprobe_every
+        self.acceptance_decay = acceptance_decay
+        # tried[j] / accepted[j]: requests whose step verified draft j+1 (1-based
+        # position j+1), and those of them that accepted it. Prior: one in two.
+        self.tried = np.full(k, 2.0)
+        self.accepted = np.full(k, 1.0)
+        self.buckets: dict[int, _Bucket] = {}
+
+    # -- acceptance ---------------------------------------------------------
+    def observe_acceptance(
+        self, num_drafts: np.ndarray, num_accepted: np.ndarray
+    ) -> None:
+        """One verified step: per request, drafts verified and drafts accepted.
+
+        A position past the first rejection is never verified and tells nothing.
+        Older steps are decayed first, so the rates follow the traffic."""
+        f = self.acceptance_decay
+        self.tried = 2.0 + (self.tried - 2.0) * f
+        self.accepted = 1.0 + (self.accepted - 1.0) * f
+        verified = np.minimum(num_drafts, num_accepted + 1)
+        k = self.k
+        # requests that verified position j (0-based): verified > j
+        self.tried += np.bincount(np.clip(verified, 0, k), minlength=k + 1)[
+            ::-1
+        ].cumsum()[::-1][1:]
+        self.accepted += np.bincount(np.clip(num_accepted, 0, k), minlength=k + 1)[
+            ::-1
+        ].cumsum()[::-1][1:]
+
+    def conditional_rates(self) -> np.ndarray:
+        return self.accepted / self.tried
+
+    def expected_tokens(self, d: int) -> float:
+        """E(d): tokens one request commits in a step that verifies ``d`` drafts."""
+        return 1.0 + float(np.cumprod(self.conditional_rates()[:d]).sum())
+
+    # -- choice -------------------------------------------------------------
+    def _score(self, bucket: _Bucket, i: int) -> float | None:
+        cost = bucket.costs.get(self.candidates[i])
+        if cost is None or cost.samples < self.probe_samples or cost.seconds <= 0:
+            return None
+        return self.expected_tokens(self.candidates[i]) / cost.seconds
+
+    def _start_index(self, b: int) -> int:
+        """Best measured index of the nearest bucket with data, else k's."""
+        known = [
+            (abs(other - b), other)
+            for other, bk in self.buckets.items()
+            if other != b and bk.current >= 0 and self._score(bk, bk.current)
+        ]
+        if not known:
+            return len(self.candidates) - 1
+        return self.buckets[min(known)[1]].current
+
+    def _next_probe(self, bucket: _Bucket) -> int | None:
+        """An unmeasured candidate worth a probe: walking away from the current
+        length in each direction, past every candidate not clearly worse than the
+        best measured (a flat stretch may hide a better length behind it)."""
+        cur = bucket.current
+        scores = [self._score(bucket, i) for i in range(len(self.candidates))]
+        best = max(s for s in scores if s is not None)
+        for step in (-1, 1):
+            i = cur + step
+            while 0 <= i < len(self.candidates):
+                if scores[i] is None:
+                    return i
+                if scores[i] < best * (1.0 - self.margin):
+                    break
+                i += step
+        return None
+
+    def choose(self, num_reqs: int) -> int:
+        """The draft length to schedule now for a batch of ``num_reqs`` requests."""
+        b = bucket_of(num_reqs)
+        bucket = self.buckets.get(b)
+        if bucket is None:
+            bucket = self.buckets[b] = _Bucket()
+        if bucket.current < 0:
+            bucket.current = self._start_index(b)
+        if bucket.probing is not None:
+            if self._score(bucket, bucket.probing) is None:
+                return self.candidates[bucket.probing]
+            bucket.probing = None
+        cur = bucket.current
+        here = self._score(bucket, cur)
+        if here is None:
+            return self.candidates[cur]
+        if bucket.steps - bucket.last_reprobe >= self.reprobe_every:
+            # measure again: every other length (climbing from the current one,
+            # so only those not clearly worse), and the current one as it is now
+            bucket.last_reprobe = bucket.steps
+            keep = self.candidates[cur]
+            bucket.costs = {keep: bucket.costs[keep]}
+        probe = self._next_probe(bucket)
+        if probe is not None:
+            bucket.probing = probe
+            return self.candidates[probe]
+        # every candidate worth measuring is measured: move if clearly better
+        scored = [
+            (s, i)
+            for i in range(len(self.candidates))
+            if (s := self._score(bucket, i)) is not None
+        ]
+        best, i = max(scored)
+        if best > here * (1.0 + self.margin):
+            bucket.current = i
+        return self.candidates[bucket.current]
+
+    def observe_step(self, num_reqs: int, d: int, seconds: float) -> None:
+        """A finished step of ``num_reqs`` decoding requests that verified ``d``
+        drafts each took ``seconds`` (wall time, output to output)."""
+        if d not in self.candidates or seconds <= 0:
+            return
+        bucket = self.buckets.setdefault(bucket_of(num_reqs), _Bucket())
+        bucket.steps += 1
+        cost = bucket.costs.setdefault(d, _Cost())
+        cost.add(seconds)
+        cost.measured_at = bucket.steps
+
+    def describe(self) -> dict:
+        """For logs and tests: per bucket, chosen length and measured costs."""
+        return {
+            "rates": [round(float(p), 3) for p in self.conditional_rates()],
+            "buckets": {
+                b: {
+                    "current": self.candidates[bk.current] if bk.current >= 0 else None,
+                    "ms": {
+                        d: round(c.seconds * 1e3, 3)
+                        for d, c in sorted(bk.costs.items())
+                        if c.samples
+                    },
+                }
+                for b, bk in sorted(self.buckets.items())
+            },
+        }
