@@ -26,20 +26,6 @@ def pytest_configure(config) -> None:
     )
 
 
-# Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`) every
-# test file is one unit of work, so module- and session-scoped engines start
-# once; files whose tests share memoised engine runs share a group.
-SHARED_GROUPS = {
-    "test_matrix": "test_offline"
-}  # test_matrix reuses test_offline's runs
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    for item in items:
-        stem = Path(str(item.fspath)).stem
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(stem, stem)))
-
-
 def needed_here(patch_name: str) -> tuple[bool, str]:
     """Whether the running vLLM needs the patch, and why not if it does not."""
     from vllm_dflash.catalog import PATCHES

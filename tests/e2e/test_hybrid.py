@@ -99,6 +99,23 @@ def _run(
 
 @pytest.fixture(scope="module")
 def baseline(runner):
+    # the engine runs of this file's tests, two at a time (CI time); memoised
+    runner.run_many(
+        [
+            dict(
+                drafter=d,
+                max_num_batched_tokens=CHUNKED,
+                extra_args=TEXT_ONLY,
+                disable=x,
+            )
+            for d, x in (
+                (None, ()),
+                ("drafter", ()),
+                ("drafter", ("dflash_aux_layer_shift",)),
+                ("drafter", ("dflash_sliding_window",)),
+            )
+        ]
+    )
     return _run(runner, None)
 
 
