@@ -265,7 +265,7 @@ def test_context_only_pass_stores_context_and_drafts_nothing(isolated):
         set_inputs_first_pass=lambda **kw: (calls.append(("inputs", kw)) or (6, None, None)),
         build_model_inputs_first_pass=lambda *a: calls.append(("store", a)),
     )  # fmt: skip
-    setattr(fake, context_only_pass._QUERY_PASS, False)
+    setattr(fake, context_only_pass.QUERY_PASS_ATTR, False)
     cad = SimpleNamespace(batch_size=lambda: 2)
     hidden = torch.ones(5, 2)
     drafts = DFlashProposer.propose(

@@ -57,7 +57,6 @@ class _Cost:
 
     recent: list[float] = field(default_factory=list)
     samples: int = 0
-    measured_at: int = -1  # bucket step count at the last sample
 
     WINDOW = 5
 
@@ -218,7 +217,6 @@ class DraftLengthPolicy:
         bucket.steps += 1
         cost = bucket.costs.setdefault(d, _Cost())
         cost.add(seconds)
-        cost.measured_at = bucket.steps
 
     def describe(self) -> dict:
         """For logs and tests: per bucket, chosen length and measured costs."""

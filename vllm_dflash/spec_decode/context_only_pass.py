@@ -26,7 +26,6 @@ from vllm_dflash.registry import V020, Patch, PatchKind, replace_attr
 from vllm_dflash.spec_decode.trace import QUERY_PASS_ATTR
 
 NAME = "dflash_context_only_pass"
-_QUERY_PASS = QUERY_PASS_ATTR
 _ZEROS = "_vllm_dflash_zero_drafts"
 
 
@@ -73,12 +72,14 @@ def apply() -> None:
         drafter = getattr(self, "drafter", None)
         if drafter is not None:
             setattr(
-                drafter, _QUERY_PASS, getattr(scheduler_output, DRAFTS_NEXT_ATTR, True)
+                drafter,
+                QUERY_PASS_ATTR,
+                getattr(scheduler_output, DRAFTS_NEXT_ATTR, True),
             )
         return stock_draft(self, scheduler_output, *args, **kwargs)
 
     def propose(self, *args, **kwargs):
-        if args or getattr(self, _QUERY_PASS, True):
+        if args or getattr(self, QUERY_PASS_ATTR, True):
             return stock_propose(self, *args, **kwargs)
         return context_only(self, **kwargs)
 

@@ -31,6 +31,7 @@ from vllm_dflash.registry import V020, Patch, PatchKind, code_reads, replace_att
 
 NAME = "dflash_gdn_slot_after_unscheduled_step"
 _SAVED = "_vllm_dflash_saved_accepted"
+_APPLIES = "_vllm_dflash_gdn_slot_fix"
 
 
 def _applies(runner: Any) -> bool:
@@ -99,7 +100,11 @@ def apply() -> None:
     stock_prepare = GPUModelRunner._prepare_inputs
 
     def _update_states(self, scheduler_output):
-        if self.speculative_config is not None and _applies(self):
+        applies = getattr(self, _APPLIES, None)
+        if applies is None:  # decided once per runner
+            applies = _applies(self)
+            setattr(self, _APPLIES, applies)
+        if applies:
             save_unscheduled(self, scheduler_output)
         return stock_update(self, scheduler_output)
 

@@ -19,18 +19,20 @@ logit range).
 The patch hands the builder a draft count with one decode's 0 raised to 1 when
 every decode has 0: the builder reads the values only through ``>= 0`` (which
 requests are speculative) and that sum, so the batch takes the speculative path
-with the same requests and query lengths. Engines without the adaptive mode
-never have all-zero speculative decodes, and the wrapper returns at its first
-check.
+with the same requests and query lengths. Only adaptive engines produce 0-draft
+speculative decodes; every other engine (decided once per builder) passes its
+counts through untouched.
 """
 
 from __future__ import annotations
 
 import torch
 
+from vllm_dflash.config import draft_length
 from vllm_dflash.registry import V020, Patch, PatchKind, code_reads, replace_attr
 
 NAME = "dflash_gdn_zero_draft_decodes"
+_ADAPTIVE = "_vllm_dflash_adaptive"
 
 
 def keep_speculative(num_decode_draft_tokens_cpu: torch.Tensor | None):
@@ -66,7 +68,11 @@ def apply() -> None:
         num_decode_draft_tokens_cpu=None,
         fast_build=False,
     ):
-        if num_decode_draft_tokens_cpu is not None and self.use_spec_decode:
+        adaptive = getattr(self, _ADAPTIVE, None)
+        if adaptive is None:  # decided once per builder
+            adaptive = draft_length.mode_of(self.vllm_config) == draft_length.ADAPTIVE
+            setattr(self, _ADAPTIVE, adaptive)
+        if adaptive and num_decode_draft_tokens_cpu is not None:
             num_decode_draft_tokens_cpu = keep_speculative(num_decode_draft_tokens_cpu)
         return stock(
             self,
