@@ -7,6 +7,7 @@ one also wraps; each apply() is idempotent and each probe reads the unpatched
 vLLM object.
 """
 
+from vllm_dflash.attention import gdn_shared_metadata
 from vllm_dflash.config import hybrid_prefix_caching, quantized_drafter
 from vllm_dflash.core import adaptive_draft_length, draft_slot_budget, lookahead_slots
 from vllm_dflash.cpu import (
@@ -21,6 +22,7 @@ from vllm_dflash.cpu import (
     weights,
 )
 from vllm_dflash.entrypoints import arg_parser, argv_rebuild
+from vllm_dflash.layers import gdn_state_replay
 from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
@@ -32,6 +34,7 @@ from vllm_dflash.spec_decode import (
     flex_hybrid_kv,
     gdn_unscheduled_slot,
     gdn_zero_drafts,
+    hybrid_accepted_sync,
     mrope_positions,
     prefill_alias,
     query_buffers,
@@ -63,6 +66,9 @@ PATCHES: tuple[Patch, ...] = (
     adaptive_draft_length.PATCH,
     gdn_zero_drafts.PATCH,
     gdn_unscheduled_slot.PATCH,
+    hybrid_accepted_sync.PATCH,
+    gdn_shared_metadata.PATCH,
+    gdn_state_replay.PATCH,  # after gdn_shared_metadata: wraps the same build
     attention.KV_UPDATE_PATCH,
     attention.NONCAUSAL_PATCH,
     dist_name.PATCH,

@@ -37,6 +37,8 @@ _MARK = "__vllm_dflash_patch__"
 
 # The vLLM range patches declare, and the platform tuples they use.
 V020 = ">=0.20.0,<0.24.0"
+# The 0.20.x line only (0.20.0-0.20.2 share the code these patches change).
+V020_ONLY = ">=0.20.0,<0.21.0"
 CPU_ONLY = ("cpu",)
 ALL_PLATFORMS = ("cuda", "cpu", "rocm")
 

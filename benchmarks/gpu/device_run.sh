@@ -3,7 +3,8 @@
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
-# PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU, PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive), profile (plugin step profile at PERF_CONC),
+# PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU, PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
+# PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
 # GPU_HYBRID sampling pair), SAMPLING_N), trace (step_trace.py:
@@ -75,7 +76,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /root/site . \
   >"$W/pip.log" 2>&1 || { say "plugin install failed"; cat "$W/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$W/device.log"
-python3 -m vllm_dflash.entrypoints.cli.main doctor --json > "$W/doctor.json" 2>"$W/doctor.err"; say "doctor rc=$?"
+if [ -z "${SKIP_DOCTOR:-}" ]; then
+  python3 -m vllm_dflash.entrypoints.cli.main doctor --json > "$W/doctor.json" 2>"$W/doctor.err"; say "doctor rc=$?"
+fi
 say "GDN prefill: $(python3 -c 'import sys; sys.path.insert(0, "."); from benchmarks.gpu import gdn_backend as g; print(g.describe())' 2>&1 | tail -1)"
 run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock)
   local stage=${1%%:*} arg=""
@@ -95,12 +98,19 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
           local log="$W/perf-$mode-tp${PERF_TP:-1}-rep$rep-gpu$gpu.log"
+          if [ -n "${PERF_DEADLINE:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$PERF_DEADLINE" ]; then
+            say "perf $mode skipped: past PERF_DEADLINE=${PERF_DEADLINE}s"; continue
+          fi
           timeout "${PERF_TIMEOUT:-300}" python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
             --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" --repeats "${PERF_BATCHES:-3}" \
             --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" \
-            --tau "${PERF_TAU:-6.35}" --max-tokens "${PERF_MAX_TOKENS:-1024}" > "$log" 2>&1
+            --tau "${PERF_TAU:-6.35}" --max-tokens "${PERF_MAX_TOKENS:-1024}" \
+            --max-model-len "${PERF_MAX_MODEL_LEN:-4096}" --kv-cache-gib "${PERF_KV_GIB:-0}" > "$log" 2>&1
           say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
-          grep RESULT "$log" | cut -c1-220
+          grep RESULT "$log" | cut -c1-260
+          grep -m1 -o "Maximum concurrency for .*" "$log" | sed "s/^/[$mode] /"
+          grep -m1 -o "GPU KV cache size: .*" "$log" | sed "s/^/[$mode] /"
+          cp "$W/perf.jsonl" "$OUT/perf.jsonl" 2>/dev/null
         done
       done ;;
     profile)

@@ -5,7 +5,9 @@
 
 MODE: ``base`` (no speculation), ``stock`` (DFlash, vllm-dflash not loaded:
 VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash), ``adaptive``
-(the same with ``"draft_length": "adaptive"``). Same setup as
+(the same with ``"draft_length": "adaptive"``), ``prev`` (the plugin without the
+session-11 hybrid patches: dflash_hybrid_no_accepted_sync, dflash_gdn_shared_metadata,
+dflash_gdn_state_replay; what sessions 9-10 measured). Same setup as
 shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
 target, a drafter shaped like z-lab/Qwen3-8B-DFlash-b16 (5 layers, target ids
 [1,9,17,25,33], block 16), bf16, CUDA graphs, 512-token prompts, 1024 output
@@ -73,6 +75,7 @@ def engine_kwargs(
     tp: int = 1,
     pair: str = "dense",
     kv_cache_gib: float = 0.0,
+    max_model_len: int = 4096,
 ) -> dict:
     """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
     spec = None
@@ -101,11 +104,19 @@ def engine_kwargs(
             extra["gdn_prefill_backend"] = gdn
     return dict(
         model=f"{root}/target", load_format="dummy", skip_tokenizer_init=True,
-        dtype="bfloat16", max_model_len=4096, gpu_memory_utilization=0.85,
+        dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
         speculative_config=spec, seed=0, max_num_seqs=max_num_seqs,
         tensor_parallel_size=tp, kv_cache_memory_bytes=int(kv_cache_gib * 2**30) or None,
         **extra,
     )  # fmt: skip
+
+
+# The patches of session 11 (issue #16); ``prev`` disables them.
+SESSION11_PATCHES = (
+    "dflash_hybrid_no_accepted_sync",
+    "dflash_gdn_shared_metadata",
+    "dflash_gdn_state_replay",
+)
 
 
 def random_prompts(rng: random.Random, n: int) -> list[dict]:
@@ -118,7 +129,7 @@ def random_prompts(rng: random.Random, n: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["base", "stock", "plugin", "adaptive"])
+    ap.add_argument("mode", choices=["base", "stock", "plugin", "adaptive", "prev"])
     ap.add_argument("out")
     ap.add_argument("--conc", default="1,4,16,64")
     ap.add_argument("--tau", type=float, default=6.35)
@@ -127,6 +138,18 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--tag", default="", help="label stored with each record")
     ap.add_argument("--pair", choices=["dense", "hybrid"], default="dense")
+    ap.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=0.0,
+        help="fixed KV cache (GiB; 0: vLLM sizes it from gpu_memory_utilization)",
+    )
+    ap.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="the engine logs its max concurrency at this many tokens per request",
+    )
     ap.add_argument(
         "--repeats", type=int, default=3, help="timed batches per concurrency"
     )
@@ -139,16 +162,37 @@ def main() -> None:
         os.environ["VLLM_DFLASH_PROFILE"] = args.profile
     if args.mode == "stock":
         os.environ["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM
+    if args.mode == "prev":
+        os.environ["VLLM_DFLASH_DISABLE"] = ",".join(SESSION11_PATCHES)
     write_models(args.root, args.pair)
     from vllm import LLM, SamplingParams
 
     concs = [int(c) for c in args.conc.split(",")]
     t0 = time.time()
     llm = LLM(
-        **engine_kwargs(args.mode, args.root, args.tau, max(concs), args.tp, args.pair),
+        **engine_kwargs(
+            args.mode, args.root, args.tau, max(concs), args.tp, args.pair,
+            kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
+        ),
         disable_log_stats=False,
-    )
+    )  # fmt: skip
     init_s = time.time() - t0
+    cache = llm.llm_engine.vllm_config.cache_config
+    print(
+        "RESULT",
+        json.dumps(
+            {
+                "mode": args.mode,
+                "pair": args.pair,
+                "tag": args.tag,
+                "init_s": round(init_s, 1),
+                "max_model_len": args.max_model_len,
+                "num_gpu_blocks": cache.num_gpu_blocks,
+                "block_size": cache.block_size,
+            }  # fmt: skip
+        ),
+        flush=True,
+    )
     rng = random.Random(0)
     warm = SamplingParams(
         temperature=0, max_tokens=32, ignore_eos=True, detokenize=False
@@ -184,6 +228,7 @@ def main() -> None:
             ntok = sum(len(o.outputs[0].token_ids) for o in outs)
             drafts = d.get("vllm:spec_decode_num_drafts", 0)
             rec = {
+                "max_model_len": args.max_model_len,
                 "mode": args.mode, "pair": args.pair, "tp": args.tp, "tag": args.tag, "conc": conc, "rep": rep, "tau": args.tau,
                 "init_s": round(init_s, 1), "gen_s": round(dt, 3), "tok_s": round(ntok / dt, 1), "tokens": ntok,
                 "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,

@@ -39,6 +39,7 @@ def vllm_config_for(
     num_spec: int,
     kv_cache_dtype: str,
     max_model_len: int = 8192,
+    method: str = "dflash",
 ) -> SimpleNamespace:
     """A stand-in VllmConfig with vLLM's real CacheConfig."""
     from vllm.config import CacheConfig
@@ -72,7 +73,9 @@ def vllm_config_for(
             decode_context_parallel_size=1,
             prefill_context_parallel_size=1,
         ),
-        speculative_config=SimpleNamespace(num_speculative_tokens=num_spec)
+        speculative_config=SimpleNamespace(
+            num_speculative_tokens=num_spec, method=method
+        )
         if num_spec
         else None,
         scheduler_config=SimpleNamespace(
@@ -123,8 +126,21 @@ def build_specs(
     drafter: dict | None,
     vllm_config,
     drafter_layer_cache_config: Any = None,
+    gdn_replay: bool = False,
 ) -> dict:
-    """{layer name: KVCacheSpec} in model order (target layers, then drafter)."""
+    """{layer name: KVCacheSpec} in model order (target layers, then drafter).
+
+    ``gdn_replay``: as a DFlash engine with ``dflash_gdn_state_replay`` builds
+    them (the patch's shape calculators, block-size step and layer spec);
+    otherwise as vLLM does (the patch's pieces pass vLLM's values through)."""
+    from vllm_dflash.layers import gdn_state_replay as replay
+
+    for piece in ("calculators", "platform"):
+        replay._apply_piece(piece)
+    spec = vllm_config.speculative_config
+    if spec is not None and not gdn_replay:
+        spec.method = "mtp"  # any method but DFlash: vLLM's layout, untouched
+    assert not gdn_replay or replay.config_replays(vllm_config)
     from vllm.model_executor.layers.mamba.abstract import MambaBase
     from vllm.model_executor.models import ModelRegistry
     from vllm.platforms.interface import Platform
@@ -151,7 +167,13 @@ def build_specs(
     for i, kind in enumerate(t["layer_types"]):
         name = f"language_model.model.layers.{i}"
         if kind == "linear_attention":
-            specs[f"{name}.linear_attn"] = MambaBase.get_kv_cache_spec(gdn, vllm_config)
+            specs[f"{name}.linear_attn"] = (
+                replay.replay_kv_cache_spec(
+                    lambda: MambaBase.get_kv_cache_spec(gdn, vllm_config)
+                )
+                if gdn_replay
+                else MambaBase.get_kv_cache_spec(gdn, vllm_config)
+            )
         else:
             specs[f"{name}.self_attn.attn"] = _attention_spec(
                 vllm_config, cache.cache_dtype, t["num_key_value_heads"], head

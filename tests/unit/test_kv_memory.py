@@ -41,18 +41,21 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("replay", [True, False], ids=["replay", "vllm-copies"])
 @pytest.mark.parametrize("shapes", ["tiny", "27b"])
 @pytest.mark.parametrize("with_drafter,k,kv", CASES)
-def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv):
+def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay):
     target, drafter = _tiny() if shapes == "tiny" else kv_specs.load_27b()
     if shapes == "tiny" and with_drafter:
         k = min(k, drafter["block_size"] - 1)
     drafter = drafter if with_drafter else None
+    replay = replay and drafter is not None
     available = int((0.05 if shapes == "tiny" else 61.57) * GIB)
     vc = kv_specs.vllm_config_for(target, k, kv)
     cc = SimpleNamespace(cache_dtype=kv) if drafter else None
-    vllm = kv_specs.layout(vc, kv_specs.build_specs(target, drafter, vc, cc), available)
-    p = kv_memory.plan(target, drafter, k, kv, context=8192)
+    specs = kv_specs.build_specs(target, drafter, vc, cc, gdn_replay=replay)
+    vllm = kv_specs.layout(vc, specs, available)
+    p = kv_memory.plan(target, drafter, k, kv, context=8192, gdn_replay=replay)
     assert p.error is None
     assert p.block_size == vllm["block_size"]
     assert p.page == vllm["page"]
@@ -65,7 +68,7 @@ def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv):
 def test_27b_h200_numbers():
     """The H200 runs: 26.9 (DFlash k=15) vs 111.3 (no spec) at 8k, 0.85 utilisation."""
     target, drafter = kv_specs.load_27b()
-    dflash = kv_memory.plan(target, drafter, 15, "auto", 8192)
+    dflash = kv_memory.plan(target, drafter, 15, "auto", 8192, gdn_replay=False)
     nospec = kv_memory.plan(target, None, 0, "auto", 8192)
     # GDN: 1 + k = 16 copies of (conv 10240 x 18 + SSM 48 x 128 x 128) x 2 bytes
     assert (dflash.gdn_conv, dflash.gdn_ssm) == (368_640, 1_572_864)
@@ -109,8 +112,12 @@ def test_inspect_cli_memory_report(tmp_path, capsys):
     assert main(args + mem + ["--want-concurrency", "32", "--json"]) == 0
     m = json.loads(capsys.readouterr().out)["memory"]
     assert m["num_speculative_tokens"] == 15  # block_size - 1
-    assert m["gdn_bytes_per_request"] == 48 * 16 * 1_941_504
-    assert m["max_concurrency"] == pytest.approx(26.9, rel=0.02)
+    # one state + a bf16 ring of 16 records per GDN layer (dflash_gdn_state_replay)
+    ring = 2 * (64 + 16 * (16 * 128 + 48 * 128 + 2 * 48))
+    assert m["gdn_replay"] and m["gdn_ring_bytes"] == ring
+    assert m["gdn_bytes_per_request"] == 48 * (1_941_504 + ring)
+    assert m["vllm_copies_max_concurrency"] == pytest.approx(26.9, rel=0.02)
+    assert m["max_concurrency"] > 2.4 * m["vllm_copies_max_concurrency"]
     assert m["no_spec_max_concurrency"] == pytest.approx(111.3, rel=0.01)
     assert m["max_concurrency_by_k"]["1"] > m["max_concurrency_by_k"]["15"]
     assert any(h.startswith("k <= ") for h in m["suggestions"])
@@ -118,7 +125,12 @@ def test_inspect_cli_memory_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "k=7" in out and "GDN state / request" in out and "max concurrency" in out
     assert main(args) == 0  # no GPU memory given: per-request bytes only
-    assert "KV / request" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "KV / request" in out and "1 state + ring" in out
+    assert main(args + mem + ["--vllm-gdn-copies", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)["memory"]
+    assert m["gdn_bytes_per_request"] == 48 * 16 * 1_941_504
+    assert m["max_concurrency"] == pytest.approx(26.9, rel=0.02)
 
 
 @pytest.mark.parametrize("kv,drafter_kv_heads", [("auto", 8), ("fp8", 8), ("auto", 16)])

@@ -9,8 +9,11 @@ Mirrors what vLLM 0.20.1 (+ this plugin) allocates, without importing vLLM:
   recycled; stock 0.20.x ignores the window altogether).
 * Gated-DeltaNet layer (``linear_attention``): one state per block = conv state
   ``(conv_dim, kernel - 1 + k)`` + SSM state ``(v_heads, v_dim, k_dim)``; with
-  speculative decoding each request holds ``1 + k`` of them (``MambaSpec``
-  ``num_speculative_blocks = k``, mamba cache mode ``none``).
+  speculative decoding stock vLLM gives each request ``1 + k`` of them
+  (``MambaSpec`` ``num_speculative_blocks = k``, mamba cache mode ``none``). With
+  DFlash and the plugin's ``dflash_gdn_state_replay`` (``gdn_replay=True``) a
+  request holds one state whose page also carries a float32 ring of ``1 + k``
+  verify records (``layers/ops/gdn_replay.py``).
 * hybrid models: the attention block size is the smallest multiple of the
   kernel block (16 on FlashAttention) whose target-attention page holds the GDN
   state (``Platform._align_hybrid_block_size``), the GDN page is padded to it,
@@ -100,6 +103,24 @@ def gdn_state_bytes(
     return conv, ssm
 
 
+def gdn_ring_bytes(
+    t: dict[str, Any], num_spec: int, tp: int = 1, value_bytes: int = 2
+) -> int:
+    """Bytes of the GDN state replay's record ring (``gdn_replay.RingLayout``;
+    its values are in the model dtype)."""
+    from vllm_dflash.layers.ops.gdn_replay import ring_layout
+
+    layout = ring_layout(
+        num_spec,
+        t["linear_num_key_heads"],
+        t["linear_num_value_heads"],
+        t["linear_key_head_dim"],
+        t["linear_value_head_dim"],
+        tp,
+    )
+    return layout.length * value_bytes
+
+
 def estimate_params(cfg: dict[str, Any], drafter: bool = False) -> int:
     """Parameter count from a config (no weights read; vision tower included)."""
     t = text_config(cfg)
@@ -162,13 +183,18 @@ class KVPlan:
     gdn_conv: int = 0
     gdn_ssm: int = 0
     gdn_state_copies: int = 0
+    gdn_ring: int = 0  # bytes of the replay record ring per state (0: vLLM's copies)
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
     def gdn_bytes_per_request(self) -> int:
         """GDN state bytes a request holds (unpadded: layers x copies x state)."""
-        return self.gdn_layers * self.gdn_state_copies * (self.gdn_conv + self.gdn_ssm)
+        return (
+            self.gdn_layers
+            * self.gdn_state_copies
+            * (self.gdn_conv + self.gdn_ssm + self.gdn_ring)
+        )
 
     @property
     def bytes_per_request(self) -> int:
@@ -194,8 +220,13 @@ def plan(
     kernel_block: int = 16,
     drafter_follows_kv_dtype: bool = True,
     mamba_ssm_cache_dtype: str = "auto",
+    gdn_replay: bool = True,
 ) -> KVPlan:
     """KV layout of ``target`` (+ ``drafter`` at ``num_spec`` draft tokens).
+
+    ``gdn_replay``: hybrid targets with a drafter keep one GDN state + record
+    ring per request (``dflash_gdn_state_replay``, the plugin's default); False:
+    vLLM's ``1 + k`` state copies (the patch disabled, or stock vLLM).
 
     ``drafter_follows_kv_dtype``: the drafter's KV uses ``kv_cache_dtype`` (vLLM
     0.22+, or 0.20.x with ``dflash_drafter_kv_cache_dtype``); False: model dtype
@@ -255,7 +286,10 @@ def plan(
     if ssm_dt == "auto":
         ssm_dt = t.get("mamba_ssm_dtype") or "auto"
     conv, ssm = gdn_state_bytes(t, k, conv_b, dtype_bytes(ssm_dt, mdt), tp)
-    mamba_page = conv + ssm
+    replay = gdn_replay and k > 0
+    ring = gdn_ring_bytes(t, k, tp, dtype_bytes(mdt)) if replay else 0
+    copies = 1 if replay else 1 + k
+    mamba_page = conv + ssm + ring
     block = kernel_block * math.ceil(mamba_page / (kernel_block * t_tok))
     page = block * t_tok
     specs["GDN state"] = [n_gdn, None]
@@ -263,7 +297,7 @@ def plan(
     blocks_of: dict[str, int] = {}
     for label, (_, tok) in specs.items():
         if tok is None:
-            blocks_of[label] = 1 + k
+            blocks_of[label] = copies
             continue
         layer_page = block * tok
         if layer_page > page:
@@ -291,7 +325,8 @@ def plan(
         gdn_layers=n_gdn,
         gdn_conv=conv,
         gdn_ssm=ssm,
-        gdn_state_copies=1 + k,
+        gdn_state_copies=copies,
+        gdn_ring=ring,
         error=error,
         **out,
     )

@@ -83,7 +83,10 @@ def restore_returning(runner: Any, scheduler_output: Any) -> None:
     for i, n in rows:
         buf.np[i] = n
         batch.num_accepted_tokens_cpu[i] = n
-    buf.copy_to_gpu(batch.num_reqs)
+        # Only these rows: the device copy of the others may be newer than the
+        # host's (dflash_hybrid_no_accepted_sync leaves them to vLLM's GPU
+        # correction). A scalar fill is a kernel launch, no host wait.
+        buf.gpu[i : i + 1].fill_(n)
 
 
 def probe() -> bool:

@@ -114,11 +114,19 @@ def memory_report(
     want_concurrency: float | None = None,
     drafter_params: int | None = None,
     target_params: int | None = None,
+    gdn_replay: bool = True,
 ) -> dict[str, Any]:
-    """Per-request GDN state / KV bytes and max concurrency (vLLM 0.20.1 + plugin)."""
+    """Per-request GDN state / KV bytes and max concurrency (vLLM 0.20.1 + plugin).
+
+    ``gdn_replay``: hybrid targets keep one GDN state + record ring per request
+    (the plugin's ``dflash_gdn_state_replay``); False: vLLM's 1 + k copies."""
     k = num_speculative_tokens or max(1, (drafter.get("block_size") or 16) - 1)
     tp = tensor_parallel_size
-    p = kv_memory.plan(target, drafter, k, kv_cache_dtype, context, tp)
+
+    def plan_k(kk: int, kv: str = kv_cache_dtype, replay: bool = gdn_replay):
+        return kv_memory.plan(target, drafter, kk, kv, context, tp, gdn_replay=replay)
+
+    p = plan_k(k)
     base = kv_memory.plan(target, None, 0, kv_cache_dtype, context, tp)
     out: dict[str, Any] = {
         "num_speculative_tokens": k,
@@ -135,6 +143,8 @@ def memory_report(
         "gdn_conv_state_bytes": p.gdn_conv,
         "gdn_ssm_state_bytes": p.gdn_ssm,
         "gdn_state_copies": p.gdn_state_copies,
+        "gdn_replay": gdn_replay and p.hybrid,
+        "gdn_ring_bytes": p.gdn_ring,
         "gdn_bytes_per_request": p.gdn_bytes_per_request,
         "block_size": p.block_size,
         "page_bytes": p.page,
@@ -174,29 +184,41 @@ def memory_report(
     )
     by_k = {}
     for kk in sorted({1, 3, 7, k, max(1, (drafter.get("block_size") or 16) - 1)}):
-        by_k[kk] = kv_memory.plan(target, drafter, kk, kv_cache_dtype, context, tp)
+        by_k[kk] = plan_k(kk)
     out["max_concurrency_by_k"] = {
         kk: round(pk.max_concurrency(max(avail, 0)), 2) for kk, pk in by_k.items()
     }
     if kv_cache_dtype == "auto" and p.hybrid:
-        f = kv_memory.plan(target, drafter, k, "fp8", context, tp)
+        f = plan_k(k, "fp8")
         out["fp8_max_concurrency"] = f.max_concurrency(max(avail, 0))
+    if p.hybrid and gdn_replay:
+        copies = plan_k(k, replay=False)
+        out["vllm_copies_max_concurrency"] = copies.max_concurrency(max(avail, 0))
     hints = []
     if p.hybrid and p.gdn_layers and p.bytes_per_request:
-        gdn_alloc = p.groups.get("GDN state", 0) * (1 + k) * p.group_size * p.page
+        n = p.gdn_state_copies
+        gdn_alloc = p.groups.get("GDN state", 0) * n * p.group_size * p.page
+        what = (
+            "the GDN state + replay ring"
+            if n == 1
+            else f"GDN state copies (1 + k = {n})"
+        )
         hints.append(
-            f"GDN state copies (1 + k = {1 + k}) are {100 * gdn_alloc / p.bytes_per_request:.0f}% "
+            f"{what} are {100 * gdn_alloc / p.bytes_per_request:.0f}% "
             f"of a request's KV memory at {context} tokens"
         )
+        if "vllm_copies_max_concurrency" in out:
+            hints.append(
+                f"with vLLM's 1 + k GDN state copies (VLLM_DFLASH_DISABLE="
+                f"dflash_gdn_state_replay): {out['vllm_copies_max_concurrency']:.1f} "
+                "requests"
+            )
     want = want_concurrency
     if want:
         fits = [
             kk
             for kk in range(1, k + 1)
-            if by_k.setdefault(
-                kk, kv_memory.plan(target, drafter, kk, kv_cache_dtype, context, tp)
-            ).max_concurrency(max(avail, 0))
-            >= want
+            if by_k.setdefault(kk, plan_k(kk)).max_concurrency(max(avail, 0)) >= want
         ]
         if fits:
             hints.append(f"k <= {max(fits)} fits {want:g} requests of {context} tokens")
@@ -263,12 +285,18 @@ def format_memory(m: dict) -> list[str]:
         ),
     ]
     if m["hybrid"]:
-        one = m["gdn_conv_state_bytes"] + m["gdn_ssm_state_bytes"]
+        one = m["gdn_conv_state_bytes"] + m["gdn_ssm_state_bytes"] + m["gdn_ring_bytes"]
+        ring = f" + replay ring {m['gdn_ring_bytes']:,}" if m["gdn_ring_bytes"] else ""
+        copies = (
+            "1 state + ring (dflash_gdn_state_replay)"
+            if m["gdn_replay"]
+            else f"{m['gdn_state_copies']} copies: 1 + k"
+        )
         lines += [
             f"  GDN state / layer     {one:,} bytes (conv {m['gdn_conv_state_bytes']:,} "
-            f"+ SSM {m['gdn_ssm_state_bytes']:,})",
+            f"+ SSM {m['gdn_ssm_state_bytes']:,}{ring})",
             f"  GDN state / request   {_gb(m['gdn_bytes_per_request'])} "
-            f"({m['gdn_layers']} layers x {m['gdn_state_copies']} copies: 1 + k)",
+            f"({m['gdn_layers']} layers x {copies})",
             f"  layout                block {m['block_size']} tokens, page {m['page_bytes']:,} bytes, "
             f"{sum(m['groups'].values())} groups of {m['group_size']} ("
             + ", ".join(f"{n} {label}" for label, n in m["groups"].items())

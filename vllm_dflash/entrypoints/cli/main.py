@@ -70,6 +70,7 @@ def _inspect(args: argparse.Namespace) -> int:
         "overhead_gib": args.overhead_gib,
         "tensor_parallel_size": args.tensor_parallel_size,
         "want_concurrency": args.want_concurrency,
+        "gdn_replay": not args.vllm_gdn_copies,
     }
     try:
         report = inspect_drafter(args.drafter, args.target, memory=memory)
@@ -126,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         help="non-KV peak besides the weights (3.2: the 27B-shaped target on an H200)",
     )
     mem.add_argument("--tensor-parallel-size", type=int, default=1)
+    mem.add_argument(
+        "--vllm-gdn-copies",
+        action="store_true",
+        help="hybrid targets: vLLM's 1 + k GDN state copies per request (the "
+        "plugin's dflash_gdn_state_replay disabled) instead of one state + ring",
+    )
     mem.add_argument(
         "--want-concurrency",
         type=float,

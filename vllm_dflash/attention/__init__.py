@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Attention metadata builders (vLLM's v1/attention/backends)."""

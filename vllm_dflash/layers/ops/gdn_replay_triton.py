@@ -1,0 +1,281 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Triton kernels of the Gated-DeltaNet state replay (see ``gdn_replay``).
+
+One program per (value-block, sequence x value-head), the state tile ``[BV, K]``
+in registers, as vLLM's recurrent kernel; both kernels skip rows whose state slot
+is the null block. ``verify`` computes the outputs as vLLM's speculative verify
+does (the same delta-rule step, ``_delta_step``) and stores each token's raw
+inputs instead of ``1 + k`` states; ``commit`` advances the state over the
+accepted records with the same step. Records of a key head are written by the
+first value head of its group and the first value block only; ``a``/``b`` by
+the first value block; the flag by one program per row.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.triton_utils import tl, triton
+
+from vllm_dflash.layers.ops.gdn_replay import Gates, RingLayout
+
+
+@triton.jit
+def _delta_step(
+    b_h, b_k, b_v, b_a, b_b, b_decay, b_dt, threshold, L2NORM: tl.constexpr
+):
+    """One token of the gated delta rule on the state tile ``b_h [BV, BK]``
+    (float32), as vLLM's recurrent kernel computes it; returns the new tile and
+    the normalised key."""
+    x = b_a + b_dt
+    soft = tl.where(x <= threshold, tl.log(1 + tl.exp(x)), x)
+    b_g = b_decay * soft
+    b_beta = tl.sigmoid(b_b)
+    if L2NORM:
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_h *= tl.exp(b_g)
+    b_v -= tl.sum(b_h * b_k[None, :], 1)
+    b_v *= b_beta
+    b_h += b_v[:, None] * b_k[None, :]
+    return b_h, b_k
+
+
+@triton.jit
+def _commit_kernel(
+    A_log,
+    dt_bias,
+    state,
+    ring,
+    indices,
+    num_accepted,
+    threshold,
+    stride_state,
+    stride_ring,
+    stride_indices,
+    R: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    K_OFF: tl.constexpr,
+    V_OFF: tl.constexpr,
+    A_OFF: tl.constexpr,
+    B_OFF: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    slot = tl.load(indices + i_n * stride_indices).to(tl.int64)
+    if slot <= 0:
+        return
+    base = ring + slot * stride_ring
+    if tl.load(base).to(tl.float32) <= 0:
+        return
+    count = tl.minimum(tl.load(num_accepted + i_n).to(tl.int32), R)
+    if count <= 0:
+        return
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+    p_h = state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+    b_decay = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+    for j in range(0, count):
+        b_k = tl.load(base + K_OFF + (j * H + i_h) * K + o_k, mask=mask_k, other=0)
+        b_v = tl.load(base + V_OFF + (j * HV + i_hv) * V + o_v, mask=mask_v, other=0)
+        b_a = tl.load(base + A_OFF + j * HV + i_hv).to(tl.float32)
+        b_b = tl.load(base + B_OFF + j * HV + i_hv).to(tl.float32)
+        b_h, b_k = _delta_step(
+            b_h, b_k.to(tl.float32), b_v.to(tl.float32), b_a, b_b, b_decay, b_dt,
+            threshold, L2NORM,
+        )  # fmt: skip
+    tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
+
+
+@triton.jit
+def _verify_kernel(
+    A_log,
+    a,
+    b,
+    dt_bias,
+    q,
+    k,
+    v,
+    o,
+    state,
+    ring,
+    cu_seqlens,
+    slots,
+    scale,
+    threshold,
+    stride_state,
+    stride_ring,
+    stride_slots,
+    R: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    K_OFF: tl.constexpr,
+    V_OFF: tl.constexpr,
+    A_OFF: tl.constexpr,
+    B_OFF: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    seq_len = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    if seq_len <= 0:
+        return
+    slot = tl.load(slots + i_n * stride_slots).to(tl.int64)
+    if slot <= 0:
+        return
+    base = ring + slot * stride_ring
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+    p_h = state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+    b_decay = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+    writes_key = (i_v == 0) & (i_hv % (HV // H) == 0)
+    ring_ty = ring.dtype.element_ty
+    for t in range(0, tl.minimum(seq_len, R)):
+        tok = bos + t
+        r_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=mask_k, other=0)
+        r_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=mask_k, other=0)
+        r_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=mask_v, other=0)
+        r_a = tl.load(a + tok * HV + i_hv)
+        r_b = tl.load(b + tok * HV + i_hv)
+        b_h, _ = _delta_step(
+            b_h, r_k.to(tl.float32), r_v.to(tl.float32), r_a.to(tl.float32),
+            r_b.to(tl.float32), b_decay, b_dt, threshold, L2NORM,
+        )  # fmt: skip
+        b_q = r_q.to(tl.float32)
+        if L2NORM:
+            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6)
+        b_q = b_q * scale
+        b_o = tl.sum(b_h * b_q[None, :], 1)
+        tl.store(
+            o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v
+        )
+        tl.store(base + V_OFF + (t * HV + i_hv) * V + o_v, r_v.to(ring_ty), mask=mask_v)
+        if i_v == 0:
+            tl.store(base + A_OFF + t * HV + i_hv, r_a.to(ring_ty))
+            tl.store(base + B_OFF + t * HV + i_hv, r_b.to(ring_ty))
+        if writes_key:
+            tl.store(
+                base + K_OFF + (t * H + i_h) * K + o_k, r_k.to(ring_ty), mask=mask_k
+            )
+    if (i_v == 0) & (i_hv == 0):
+        tl.store(base, tl.full([], 1.0, tl.float32).to(ring_ty))
+
+
+def _blocks(layout: RingLayout) -> tuple[int, int, int]:
+    bk = triton.next_power_of_2(layout.head_k_dim)
+    bv = min(triton.next_power_of_2(layout.head_v_dim), 32)
+    return bk, bv, triton.cdiv(layout.head_v_dim, bv)
+
+
+def _offsets(layout: RingLayout) -> dict:
+    return dict(
+        R=layout.records,
+        H=layout.num_k_heads,
+        HV=layout.num_v_heads,
+        K=layout.head_k_dim,
+        V=layout.head_v_dim,
+        K_OFF=layout.k_offset,
+        V_OFF=layout.v_offset,
+        A_OFF=layout.a_offset,
+        B_OFF=layout.b_offset,
+    )
+
+
+def commit(
+    state: torch.Tensor,
+    ring: torch.Tensor,
+    layout: RingLayout,
+    indices: torch.Tensor,
+    num_accepted: torch.Tensor,
+    gates: Gates,
+) -> None:
+    n = indices.shape[0]
+    if n == 0:
+        return
+    bk, bv, nv = _blocks(layout)
+    _commit_kernel[(nv, n * layout.num_v_heads)](
+        gates.A_log,
+        gates.dt_bias,
+        state,
+        ring,
+        indices,
+        num_accepted,
+        gates.threshold,
+        state.stride(0),
+        ring.stride(0),
+        indices.stride(0),
+        BK=bk,
+        BV=bv,
+        L2NORM=gates.use_qk_l2norm,
+        num_warps=4,
+        num_stages=2,
+        **_offsets(layout),
+    )
+
+
+def verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    gates: Gates,
+    state: torch.Tensor,
+    ring: torch.Tensor,
+    layout: RingLayout,
+    cu_seqlens: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    n = cu_seqlens.shape[0] - 1
+    o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
+    if n == 0:
+        return o
+    bk, bv, nv = _blocks(layout)
+    _verify_kernel[(nv, n * layout.num_v_heads)](
+        gates.A_log,
+        a.contiguous(),
+        b.contiguous(),
+        gates.dt_bias,
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        o,
+        state,
+        ring,
+        cu_seqlens,
+        slots,
+        scale,
+        gates.threshold,
+        state.stride(0),
+        ring.stride(0),
+        slots.stride(0),
+        BK=bk,
+        BV=bv,
+        L2NORM=gates.use_qk_l2norm,
+        num_warps=4,
+        num_stages=3,
+        **_offsets(layout),
+    )
+    return o
