@@ -28,6 +28,7 @@ from vllm_dflash.spec_decode import (
     aux_layers,
     context_only_pass,
     drafter_kv_dtype,
+    drafter_kv_group,
     drafter_mm_gather,
     flex_block_n,
     flex_cudagraph,
@@ -69,6 +70,7 @@ PATCHES: tuple[Patch, ...] = (
     hybrid_accepted_sync.PATCH,
     gdn_shared_metadata.PATCH,
     gdn_state_replay.PATCH,  # after gdn_shared_metadata: wraps the same build
+    drafter_kv_group.PATCH,
     attention.KV_UPDATE_PATCH,
     attention.NONCAUSAL_PATCH,
     dist_name.PATCH,

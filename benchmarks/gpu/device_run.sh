@@ -105,11 +105,14 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
             --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" --repeats "${PERF_BATCHES:-3}" \
             --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" \
             --tau "${PERF_TAU:-6.35}" --max-tokens "${PERF_MAX_TOKENS:-1024}" \
-            --max-model-len "${PERF_MAX_MODEL_LEN:-4096}" --kv-cache-gib "${PERF_KV_GIB:-0}" > "$log" 2>&1
+            --max-model-len "${PERF_MAX_MODEL_LEN:-4096}" --kv-cache-gib "${PERF_KV_GIB:-0}" ${PERF_EAGER:+--enforce-eager} > "$log" 2>&1
           say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
           grep RESULT "$log" | cut -c1-260
           grep -m1 -o "Maximum concurrency for .*" "$log" | sed "s/^/[$mode] /"
           grep -m1 -o "GPU KV cache size: .*" "$log" | sed "s/^/[$mode] /"
+          grep -m1 -o "Available KV cache memory: .*" "$log" | sed "s/^/[$mode] /"
+          grep -m1 -o "DFlash drafter KV in the target.*" "$log" | sed "s/^/[$mode] /"
+          grep -m3 -o "Traceback.*\|Error: .*" "$log" | sed "s/^/[$mode] /"
           cp "$W/perf.jsonl" "$OUT/perf.jsonl" 2>/dev/null
         done
       done ;;

@@ -76,6 +76,7 @@ def engine_kwargs(
     pair: str = "dense",
     kv_cache_gib: float = 0.0,
     max_model_len: int = 4096,
+    enforce_eager: bool = False,
 ) -> dict:
     """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
     spec = None
@@ -107,6 +108,7 @@ def engine_kwargs(
         dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
         speculative_config=spec, seed=0, max_num_seqs=max_num_seqs,
         tensor_parallel_size=tp, kv_cache_memory_bytes=int(kv_cache_gib * 2**30) or None,
+        enforce_eager=enforce_eager,
         **extra,
     )  # fmt: skip
 
@@ -138,6 +140,11 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--tag", default="", help="label stored with each record")
     ap.add_argument("--pair", choices=["dense", "hybrid"], default="dense")
+    ap.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs (the mode of the session-6 memory numbers: 26.9 / 111.3)",
+    )
     ap.add_argument(
         "--kv-cache-gib",
         type=float,
@@ -173,6 +180,7 @@ def main() -> None:
         **engine_kwargs(
             args.mode, args.root, args.tau, max(concs), args.tp, args.pair,
             kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
+            enforce_eager=args.enforce_eager,
         ),
         disable_log_stats=False,
     )  # fmt: skip

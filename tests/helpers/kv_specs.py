@@ -127,12 +127,15 @@ def build_specs(
     vllm_config,
     drafter_layer_cache_config: Any = None,
     gdn_replay: bool = False,
+    drafter_kv_shared: bool = False,
 ) -> dict:
     """{layer name: KVCacheSpec} in model order (target layers, then drafter).
 
     ``gdn_replay``: as a DFlash engine with ``dflash_gdn_state_replay`` builds
     them (the patch's shape calculators, block-size step and layer spec);
-    otherwise as vLLM does (the patch's pieces pass vLLM's values through)."""
+    otherwise as vLLM does (the patch's pieces pass vLLM's values through).
+    ``drafter_kv_shared``: the drafter layers' specs as
+    ``dflash_drafter_kv_shared_group`` merges them."""
     from vllm_dflash.layers import gdn_state_replay as replay
 
     for piece in ("calculators", "platform"):
@@ -178,6 +181,7 @@ def build_specs(
             specs[f"{name}.self_attn.attn"] = _attention_spec(
                 vllm_config, cache.cache_dtype, t["num_key_value_heads"], head
             )
+    drafter_names: set[str] = set()
     if drafter is not None:
         d_head = drafter.get("head_dim") or (
             drafter["hidden_size"] // drafter["num_attention_heads"]
@@ -185,9 +189,15 @@ def build_specs(
         dtype = drafter_kv_cache_dtype(drafter_layer_cache_config)
         n = len(t["layer_types"])
         for i in range(drafter["num_hidden_layers"]):
-            specs[f"model.layers.{n + i}.self_attn.attn"] = _attention_spec(
+            name = f"model.layers.{n + i}.self_attn.attn"
+            drafter_names.add(name)
+            specs[name] = _attention_spec(
                 vllm_config, dtype, drafter["num_key_value_heads"], d_head
             )
+    if drafter_kv_shared:
+        from vllm_dflash.spec_decode.drafter_kv_group import merge_specs
+
+        specs, _ = merge_specs(specs, drafter_names)
     return specs
 
 

@@ -41,10 +41,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("replay", [True, False], ids=["replay", "vllm-copies"])
+@pytest.mark.parametrize(
+    "replay,shared", [(True, True), (True, False), (False, False)],
+    ids=["plugin", "replay-only", "vllm"],
+)  # fmt: skip
 @pytest.mark.parametrize("shapes", ["tiny", "27b"])
 @pytest.mark.parametrize("with_drafter,k,kv", CASES)
-def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay):
+def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay, shared):
     target, drafter = _tiny() if shapes == "tiny" else kv_specs.load_27b()
     if shapes == "tiny" and with_drafter:
         k = min(k, drafter["block_size"] - 1)
@@ -53,9 +56,14 @@ def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay):
     available = int((0.05 if shapes == "tiny" else 61.57) * GIB)
     vc = kv_specs.vllm_config_for(target, k, kv)
     cc = SimpleNamespace(cache_dtype=kv) if drafter else None
-    specs = kv_specs.build_specs(target, drafter, vc, cc, gdn_replay=replay)
+    specs = kv_specs.build_specs(
+        target, drafter, vc, cc, gdn_replay=replay, drafter_kv_shared=shared
+    )
     vllm = kv_specs.layout(vc, specs, available)
-    p = kv_memory.plan(target, drafter, k, kv, context=8192, gdn_replay=replay)
+    p = kv_memory.plan(
+        target, drafter, k, kv, context=8192, gdn_replay=replay,
+        drafter_kv_shared=shared,
+    )  # fmt: skip
     assert p.error is None
     assert p.block_size == vllm["block_size"]
     assert p.page == vllm["page"]
@@ -68,7 +76,9 @@ def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay):
 def test_27b_h200_numbers():
     """The H200 runs: 26.9 (DFlash k=15) vs 111.3 (no spec) at 8k, 0.85 utilisation."""
     target, drafter = kv_specs.load_27b()
-    dflash = kv_memory.plan(target, drafter, 15, "auto", 8192, gdn_replay=False)
+    dflash = kv_memory.plan(
+        target, drafter, 15, "auto", 8192, gdn_replay=False, drafter_kv_shared=False
+    )
     nospec = kv_memory.plan(target, None, 0, "auto", 8192)
     # GDN: 1 + k = 16 copies of (conv 10240 x 18 + SSM 48 x 128 x 128) x 2 bytes
     assert (dflash.gdn_conv, dflash.gdn_ssm) == (368_640, 1_572_864)

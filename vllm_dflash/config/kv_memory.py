@@ -14,6 +14,9 @@ Mirrors what vLLM 0.20.1 (+ this plugin) allocates, without importing vLLM:
   DFlash and the plugin's ``dflash_gdn_state_replay`` (``gdn_replay=True``) a
   request holds one state whose page also carries a float32 ring of ``1 + k``
   verify records (``layers/ops/gdn_replay.py``).
+* DFlash drafter attention layers with the target's attention bytes per token
+  share the target's spec type (``dflash_drafter_kv_shared_group``; vLLM alone
+  only when heads and head size are equal).
 * hybrid models: the attention block size is the smallest multiple of the
   kernel block (16 on FlashAttention) whose target-attention page holds the GDN
   state (``Platform._align_hybrid_block_size``), the GDN page is padded to it,
@@ -221,12 +224,16 @@ def plan(
     drafter_follows_kv_dtype: bool = True,
     mamba_ssm_cache_dtype: str = "auto",
     gdn_replay: bool = True,
+    drafter_kv_shared: bool = True,
 ) -> KVPlan:
     """KV layout of ``target`` (+ ``drafter`` at ``num_spec`` draft tokens).
 
     ``gdn_replay``: hybrid targets with a drafter keep one GDN state + record
     ring per request (``dflash_gdn_state_replay``, the plugin's default); False:
     vLLM's ``1 + k`` state copies (the patch disabled, or stock vLLM).
+    ``drafter_kv_shared``: drafter layers with the target's attention bytes per
+    token join the target's attention type (``dflash_drafter_kv_shared_group``);
+    False: only a drafter with the same KV heads and head size does (vLLM).
 
     ``drafter_follows_kv_dtype``: the drafter's KV uses ``kv_cache_dtype`` (vLLM
     0.22+, or 0.20.x with ``dflash_drafter_kv_cache_dtype``); False: model dtype
@@ -250,11 +257,15 @@ def plan(
         )
         d_tok_layer = attention_bytes_per_token(drafter, d_b, tp)
         n_d = drafter["num_hidden_layers"]
+        same_shape = (drafter.get("num_key_value_heads"), head_dim(drafter)) == (
+            t.get("num_key_value_heads"),
+            head_dim(t),
+        )
+        copies = gdn_replay is False and "gdn" in kinds and k > 0
         if specs.get("target attention", [0, None])[1] == d_tok_layer and (
-            drafter.get("num_key_value_heads"),
-            head_dim(drafter),
-        ) == (t.get("num_key_value_heads"), head_dim(t)):
-            specs["target attention"][0] += n_d  # identical spec: one type
+            same_shape or (drafter_kv_shared and not copies)
+        ):
+            specs["target attention"][0] += n_d  # one type
         else:
             specs["drafter attention"] = [n_d, d_tok_layer]
     n_gdn = kinds.count("gdn")
