@@ -18,6 +18,8 @@ Triton; the kernel vLLM logged is recorded as ``log.gdn_prefill``). Stages:
 * ``dflash_fp8_stock``: as ``dflash_fp8`` with that patch disabled (expected: the
   start-up ``AssertionError`` of vLLM #43626/#46480)
 * ``nospec_bf16``: no speculation, bf16 KV (not in the default list)
+* ``dflash_bf16_copies``, ``dflash_fp8_copies``: vLLM's own KV layout (the plugin's
+  GDN state replay and drafter-group patches disabled; not in the default list)
 
 Each stage writes one JSON line: start ok / error, the engine's "Available KV
 cache memory", "GPU KV cache size" and "Maximum concurrency for N tokens" (from its
@@ -52,6 +54,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.gpu import gdn_backend  # noqa: E402
 
 SHAPES = REPO / "fixtures" / "shapes" / "qwen3.6-27b"
+COPIES = "dflash_gdn_state_replay,dflash_drafter_kv_shared_group"
 STAGES = {
     "dflash_bf16": {"spec": True, "kv": "auto", "env": {}},
     "dflash_fp8": {"spec": True, "kv": "fp8", "env": {}},
@@ -62,6 +65,18 @@ STAGES = {
         "env": {"VLLM_DFLASH_DISABLE": "dflash_drafter_kv_cache_dtype"},
     },
     "nospec_bf16": {"spec": False, "kv": "auto", "env": {}},
+    # vLLM's own KV layout (1 + k GDN state copies, the drafter in its own group):
+    # the layout of the session 6-7 measurements
+    "dflash_bf16_copies": {
+        "spec": True,
+        "kv": "auto",
+        "env": {"VLLM_DFLASH_DISABLE": COPIES},
+    },
+    "dflash_fp8_copies": {
+        "spec": True,
+        "kv": "fp8",
+        "env": {"VLLM_DFLASH_DISABLE": COPIES},
+    },
 }
 DEFAULT_STAGES = "dflash_fp8,nospec_fp8,dflash_bf16,dflash_fp8_stock"
 # seconds a stage needs at least (eager, dummy weights, H200): skip it otherwise
@@ -289,13 +304,16 @@ def predict(stage: str, args: argparse.Namespace, available_gib: float) -> dict:
     s = STAGES[stage]
     target = json.loads((Path(args.shapes) / "target-config.json").read_text())
     drafter = json.loads((Path(args.shapes) / "drafter-config.json").read_text())
+    disabled = s["env"].get("VLLM_DFLASH_DISABLE", "").split(",")
     p = kv_memory.plan(
         target,
         drafter if s["spec"] else None,
         args.k if s["spec"] else 0,
         s["kv"],
         args.max_model_len,
-        drafter_follows_kv_dtype="VLLM_DFLASH_DISABLE" not in s["env"],
+        drafter_follows_kv_dtype="dflash_drafter_kv_cache_dtype" not in disabled,
+        gdn_replay="dflash_gdn_state_replay" not in disabled,
+        drafter_kv_shared="dflash_drafter_kv_shared_group" not in disabled,
     )
     avail = int(available_gib * kv_memory.GIB)
     return {

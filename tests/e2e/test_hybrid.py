@@ -2,10 +2,11 @@
 """Qwen3.5/3.6-shaped hybrid target (GDN + gated attention, M-RoPE, vision tower)
 on vLLM's CPU backend, with and without DFlash.
 
-Five engine runs in all (memoised and shared by the tests): no speculation,
+Six engine runs in all (memoised and shared by the tests): no speculation,
 DFlash with prefix caching off, DFlash with prefix caching on (vLLM's hybrid
 'align' mode: refused at start-up, see vllm_dflash/align_budget.py), and DFlash
-with each backport disabled. Every run is a batch of 8 prompts (5..40 tokens)
+with each backport disabled, and DFlash with a random drafter whose KV heads differ
+from the target's (dflash_drafter_kv_shared_group). Every run is a batch of 8 prompts (5..40 tokens)
 with chunked prefill (32-token budget). Drafts are replayed on the float64
 reference, whose context features come from transformers' model.
 
@@ -20,6 +21,7 @@ must accept.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,11 +30,17 @@ from tests.conftest import OfflineRunner
 from tests.helpers.equivalence import compare
 from tests.helpers.reference import Reference
 from vllm_dflash.testing.metrics import acceptance_length
+from vllm_dflash.testing.tiny_hybrid import text_spec
+from vllm_dflash.testing.tiny_models import build_drafter
 from vllm_dflash.testing.trace_acceptance import (
     step_acceptance,
     unscheduled_draft_tokens,
 )
-from vllm_dflash.testing.trained_hybrid import ensure_trained_hybrid
+from vllm_dflash.testing.trained_hybrid import (
+    TRAINED_HYBRID_DRAFTER,
+    TRAINED_HYBRID_TARGET,
+    ensure_trained_hybrid,
+)
 
 pytestmark = pytest.mark.cpu_e2e
 
@@ -73,6 +81,30 @@ def hybrid(tmp_path_factory):
     )
 
 
+# dflash_drafter_kv_shared_group: a drafter whose KV heads differ from the target's
+# attention (1 KV head of 64 vs 2 of 32: the same bytes per token, as
+# z-lab/Qwen3.6-27B-DFlash's 8 x 128 vs the target's 4 x 256) joins the target's
+# attention KV-cache group, its blocks re-viewed with its own heads. Random (seeded):
+# its drafts, not their acceptance, are the check (a wrong view of the context K/V
+# it precomputes changes them).
+WIDE_KV = replace(
+    TRAINED_HYBRID_DRAFTER,
+    name="drafter-hybrid-kv1x64",
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=64,
+    seed=31,
+    init_std=0.3,
+)
+MERGED_LOG = "DFlash drafter KV in the target's attention KV-cache group"
+
+
+@pytest.fixture(scope="module")
+def wide_kv_drafter(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wide-kv") / WIDE_KV.name
+    return build_drafter(out, WIDE_KV, text_spec(TRAINED_HYBRID_TARGET))
+
+
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory, hybrid) -> OfflineRunner:
     return OfflineRunner(tmp_path_factory.mktemp("hybrid-runs"), hybrid)
@@ -98,7 +130,7 @@ def _run(
 
 
 @pytest.fixture(scope="module")
-def baseline(runner):
+def baseline(runner, wide_kv_drafter):
     # the engine runs of this file's tests, two at a time (CI time); memoised
     runner.run_many(
         [
@@ -113,6 +145,7 @@ def baseline(runner):
                 ("drafter", ()),
                 ("drafter", ("dflash_aux_layer_shift",)),
                 ("drafter", ("dflash_sliding_window",)),
+                (wide_kv_drafter, ()),
             )
         ]
     )
@@ -199,3 +232,14 @@ def test_hybrid_backports_matter(runner, baseline, ref, dflash_stats, backport):
     assert stock < patched - ACCEPTANCE_DROP[backport], (backport, stock, patched)
     # Whatever the drafts, the engine accepts what greedy verify must.
     _check_verify(run, baseline)
+
+
+def test_drafter_with_other_kv_heads_shares_the_target_group(
+    runner, baseline, hybrid, wide_kv_drafter
+):
+    run = _run(runner, wide_kv_drafter)
+    assert MERGED_LOG in run.log, "dflash_drafter_kv_shared_group did not merge"
+    assert run.data["outputs"] == baseline.data["outputs"], "DFlash changed output"
+    stats = compare(Reference.load(hybrid.target, wide_kv_drafter), run.data, run.trace)
+    assert stats.drafts >= MIN_DRAFTS, stats
+    assert stats.token_rate >= 0.99, stats

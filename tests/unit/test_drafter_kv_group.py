@@ -2,7 +2,7 @@
 """dflash_drafter_kv_shared_group: which drafter specs join the target's type,
 and the re-view of their blocks with the drafter's own heads (every element of
 the drafter's view is a distinct element of the same block, in CPU and
-FlashAttention layouts). The engine run: tests/e2e/test_hybrid_kv_group.py."""
+FlashAttention layouts). The engine run: tests/e2e/test_hybrid.py."""
 
 from __future__ import annotations
 

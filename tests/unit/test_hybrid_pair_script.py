@@ -63,9 +63,13 @@ def test_parse_log_and_prediction(tmp_path):
         hp.parse_log("Using FlashInfer GDN prefill kernel")["gdn_prefill"]
         == "flashinfer"
     )
-    p = hp.predict("dflash_fp8", args, 61.57)
+    # the session-7 engines ran vLLM's own layout (1 + k GDN state copies)
+    p = hp.predict("dflash_fp8_copies", args, 61.57)
     assert (p["block_size"], p["groups"], p["max_concurrency"]) == (960, 15, 32.8)
-    assert hp.predict("dflash_bf16", args, 61.57)["max_concurrency"] == 26.9
+    assert hp.predict("dflash_bf16_copies", args, 61.57)["max_concurrency"] == 26.9
+    # the plugin's layout (replay ring, drafter in the target's group): 4 groups of 21
+    p = hp.predict("dflash_bf16", args, 61.57)
+    assert (p["block_size"], p["groups"], p["max_concurrency"]) == (544, 4, 74.32)
     assert "asserts" in hp.predict("dflash_fp8_stock", args, 61.57)["error"]
 
 

@@ -93,6 +93,7 @@ _REPLAY_SHAPES: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "vllm_dflash_gdn_replay_shapes", default=False
 )
 _applied: set[str] = set()  # pieces applied in this process
+_stock_align: dict[str, Any] = {}  # vLLM's Platform._align_hybrid_block_size
 _failures: dict[str, str] = {}  # piece -> reason
 
 
@@ -235,6 +236,8 @@ def _apply_calculators() -> None:
 def _apply_platform() -> None:
     from vllm.platforms.interface import Platform
 
+    if not is_patched(Platform.__dict__["_align_hybrid_block_size"], NAME):
+        _stock_align["align"] = Platform.__dict__["_align_hybrid_block_size"]
     stock = Platform._align_hybrid_block_size.__func__
 
     @classmethod  # type: ignore[misc]
@@ -456,8 +459,11 @@ def probe() -> bool:
     cfg = type("Cfg", (), {"cache_config": type("C", (), {"mamba_cache_mode": "none"})})
     from vllm.platforms.interface import Platform
 
+    raw = Platform.__dict__["_align_hybrid_block_size"]
+    if is_patched(raw, NAME):  # applied in this process already: vLLM's, kept
+        raw = _stock_align.get("align", raw)
     if not code_reads(
-        Platform._align_hybrid_block_size, "get_mamba_state_shape_from_config"
+        getattr(raw, "__func__", raw), "get_mamba_state_shape_from_config"
     ):
         raise RuntimeError(
             "Platform._align_hybrid_block_size no longer sizes pages from "
