@@ -277,7 +277,8 @@ def replace_attr(
         return
     try:
         setattr(new, _MARK, patch_name)
-        if current is not None and callable(new) and not isinstance(new, type):
+        wrapper = callable(new) or isinstance(new, (classmethod, staticmethod))
+        if current is not None and wrapper and not isinstance(new, type):
             new.__wrapped_original__ = current
     except (AttributeError, TypeError):
         pass

@@ -85,8 +85,10 @@ def hybrid(tmp_path_factory):
 # attention (1 KV head of 64 vs 2 of 32: the same bytes per token, as
 # z-lab/Qwen3.6-27B-DFlash's 8 x 128 vs the target's 4 x 256) joins the target's
 # attention KV-cache group, its blocks re-viewed with its own heads. Random (seeded):
-# its drafts, not their acceptance, are the check (a wrong view of the context K/V
-# it precomputes changes them).
+# its drafts, not their acceptance, are the check. vLLM-CPU's attention addresses a
+# block by its own layout, not by the tensor's strides, so here the drafts check the
+# merged group (slots, metadata, sizes), not the re-view: a broken re-view still
+# passes on CPU (tried); tests/unit/test_drafter_kv_group.py guards the re-view.
 WIDE_KV = replace(
     TRAINED_HYBRID_DRAFTER,
     name="drafter-hybrid-kv1x64",

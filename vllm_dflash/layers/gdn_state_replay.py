@@ -60,7 +60,7 @@ from vllm_dflash.registry import (
     PatchError,
     PatchKind,
     code_reads,
-    is_patched,
+    original,
     replace_attr,
 )
 
@@ -93,7 +93,6 @@ _REPLAY_SHAPES: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "vllm_dflash_gdn_replay_shapes", default=False
 )
 _applied: set[str] = set()  # pieces applied in this process
-_stock_align: dict[str, Any] = {}  # vLLM's Platform._align_hybrid_block_size
 _failures: dict[str, str] = {}  # piece -> reason
 
 
@@ -236,8 +235,6 @@ def _apply_calculators() -> None:
 def _apply_platform() -> None:
     from vllm.platforms.interface import Platform
 
-    if not is_patched(Platform.__dict__["_align_hybrid_block_size"], NAME):
-        _stock_align["align"] = Platform.__dict__["_align_hybrid_block_size"]
     stock = Platform._align_hybrid_block_size.__func__
 
     @classmethod  # type: ignore[misc]
@@ -286,12 +283,9 @@ def _replay_dispatch(prev, ring, layout, *args, **kwargs):
     return o, state
 
 
-def forward_core(stock, self, mixed_qkv, b, a, core_attn_out) -> None:
-    """vLLM's ``_forward_core`` with the records committed first."""
-    from vllm.forward_context import get_forward_context
-    from vllm.model_executor.layers.mamba import gdn_linear_attn as mod
-
-    all_metadata = get_forward_context().attn_metadata
+def forward_core(mod, stock, self, mixed_qkv, b, a, core_attn_out) -> None:
+    """vLLM's ``_forward_core`` (of module ``mod``) with the records committed first."""
+    all_metadata = mod.get_forward_context().attn_metadata
     if not _layer_replays(self) or all_metadata is None:  # profile run: no cache
         return stock(self, mixed_qkv, b, a, core_attn_out)
     md = all_metadata[self.prefix]
@@ -324,6 +318,7 @@ def forward_core(stock, self, mixed_qkv, b, a, core_attn_out) -> None:
 
 
 def _apply_layer() -> None:
+    from vllm.model_executor.layers.mamba import gdn_linear_attn as mod
     from vllm.model_executor.layers.mamba.gdn_linear_attn import (
         GatedDeltaNetAttention,
     )
@@ -340,7 +335,7 @@ def _apply_layer() -> None:
         return replay_kv_cache_spec(lambda: stock_spec(self, vllm_config))
 
     def _forward_core(self, mixed_qkv, b, a, core_attn_out):
-        return forward_core(stock_core, self, mixed_qkv, b, a, core_attn_out)
+        return forward_core(mod, stock_core, self, mixed_qkv, b, a, core_attn_out)
 
     replace_attr(GatedDeltaNetAttention, "get_kv_cache_spec", get_kv_cache_spec, NAME)
     replace_attr(GatedDeltaNetAttention, "_forward_core", _forward_core, NAME)
@@ -459,9 +454,7 @@ def probe() -> bool:
     cfg = type("Cfg", (), {"cache_config": type("C", (), {"mamba_cache_mode": "none"})})
     from vllm.platforms.interface import Platform
 
-    raw = Platform.__dict__["_align_hybrid_block_size"]
-    if is_patched(raw, NAME):  # applied in this process already: vLLM's, kept
-        raw = _stock_align.get("align", raw)
+    raw = original(Platform.__dict__["_align_hybrid_block_size"])  # vLLM's classmethod
     if not code_reads(
         getattr(raw, "__func__", raw), "get_mamba_state_shape_from_config"
     ):
@@ -490,18 +483,6 @@ def apply() -> None:
         )
     if _failures:
         raise PatchError("; ".join(f"{k}: {v}" for k, v in _failures.items()))
-
-
-def pieces_applied() -> dict[str, bool]:
-    return {p: p in _applied for p in _PIECES}
-
-
-def is_layer_patched() -> bool:
-    from vllm.model_executor.layers.mamba.gdn_linear_attn import (
-        GatedDeltaNetAttention,
-    )
-
-    return is_patched(GatedDeltaNetAttention._forward_core, NAME)
 
 
 PATCH = Patch(

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
-NULL_BLOCK_ID = 0
+from vllm_dflash.cpu.gdn_ops import NULL_BLOCK_ID, _expand_heads, _gating, _l2norm
+
 HEADER = 64  # values before the records (the flag at 0; 128-byte aligned in bf16)
 
 
@@ -99,24 +100,19 @@ def ring_layout(
     )
 
 
-def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
-    """[..., H, D] -> [..., HV, D]: value head i uses key head i // (HV // H)."""
-    h = x.shape[-2]
-    return x if h == hv else x.repeat_interleave(hv // h, dim=-2)
-
-
 def gating(
     A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, threshold: float
 ) -> torch.Tensor:
     """g = -exp(A_log) * softplus(a + dt_bias) (float32): the CPU GDN ops' gating,
     so that replay and per-slot verify agree bit for bit on the CPU backend."""
-    from vllm_dflash.cpu.gdn_ops import _gating
-
     return _gating(A_log, a, dt_bias, threshold)
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+def _live_slots(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows with a state slot, their slots with the null block for the others)."""
+    idx = slots.long()
+    live = idx > NULL_BLOCK_ID
+    return live, torch.where(live, idx, 0)
 
 
 @dataclass(frozen=True)
@@ -166,9 +162,7 @@ def commit_torch(
     n = indices.shape[0]
     if n == 0:
         return
-    idx = indices.long()
-    live = idx > NULL_BLOCK_ID
-    safe = torch.where(live, idx, 0)
+    live, safe = _live_slots(indices)
     pending = live & (ring[safe, 0] > 0)
     count = torch.where(pending, num_accepted[:n].long().clamp(0, layout.records), 0)
     steps = int(count.max())
@@ -221,9 +215,7 @@ def verify_torch(
         q32 = _l2norm(q32)
     q32 = _expand_heads(q32, hv) * scale
     kt, g, beta = _prepare(k, a, b, gates, hv)
-    idx = slots[:n].long()
-    live = idx > NULL_BLOCK_ID
-    safe = torch.where(live, idx, 0)
+    live, safe = _live_slots(slots[:n])
     s = torch.where(live[:, None, None, None], state[safe].float(), 0.0)
     t_idx = cu_seqlens[:n].long()[:, None] + torch.arange(steps, device=v.device)
     valid = (torch.arange(steps, device=v.device)[None, :] < lens[:, None]) & live[
