@@ -27,6 +27,7 @@ from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
     context_only_pass,
+    cudagraph_memory,
     drafter_kv_dtype,
     drafter_kv_group,
     drafter_mm_gather,
@@ -77,6 +78,7 @@ PATCHES: tuple[Patch, ...] = (
     arg_parser.ARG_PATCH,
     argv_rebuild.PATCH,
     tp_graph_replay.PATCH,
+    cudagraph_memory.PATCH,  # after tp_graph_replay: wraps its profile wrapper
     query_buffers.PATCH,
     prefill_alias.PATCH,
     flex_cudagraph.PATCH,
