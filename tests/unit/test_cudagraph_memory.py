@@ -182,3 +182,14 @@ def test_probe_reads_the_extrapolation():
         assert not cm.probe()
     finally:
         GPUModelRunner.profile_cudagraph_memory = saved
+
+
+def test_applied_after_the_tp_capture_session_patch():
+    """dflash_tp_graph_replay's profile wrapper calls vLLM's function itself: this
+    patch must wrap that wrapper (catalog order), or DFlash engines at any TP size
+    would get vLLM's extrapolation again."""
+    from vllm_dflash.catalog import PATCHES
+    from vllm_dflash.spec_decode import tp_graph_replay
+
+    names = [p.name for p in PATCHES]
+    assert names.index(tp_graph_replay.NAME) < names.index(cm.NAME)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """DFlash engines: CUDA-graph memory measured over every graph, not extrapolated.
 
-Before it sizes the KV cache, vLLM 0.20.x (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``,
+Before it sizes the KV cache, vLLM 0.20-0.23 (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``,
 on by default) estimates the memory of the CUDA graphs it will capture:
 ``GPUModelRunner.profile_cudagraph_memory`` captures the first two graphs of each
 mode (PIECEWISE, FULL) and charges ``first + second x (n - 1)``. Whatever the
@@ -108,7 +108,7 @@ def apply() -> None:
         if captured:
             logger.info(
                 "DFlash: CUDA graph memory measured over all %d graphs "
-                "(vLLM 0.20.x extrapolates its second sample): %.2f GiB",
+                "(vLLM extrapolates its second sample): %.2f GiB",
                 captured[0],
                 estimate / (1 << 30),
             )
