@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from vllm_dflash.registry import V020_ONLY, Patch, PatchKind, replace_attr
+from vllm_dflash.spec_decode import uses_dflash
 
 NAME = "dflash_gdn_shared_metadata"
 INFO_ATTR = "_vllm_dflash_gdn_info"
@@ -76,10 +77,8 @@ class BuildInfo:
 
 
 def builder_applies(builder: Any) -> bool:
-    spec = builder.speculative_config
     return (
-        spec is not None
-        and getattr(spec, "method", None) == "dflash"
+        uses_dflash(builder)
         and builder.vllm_config.cache_config.mamba_cache_mode != "align"
     )
 

@@ -63,6 +63,7 @@ from vllm_dflash.registry import (
     original,
     replace_attr,
 )
+from vllm_dflash.spec_decode import uses_dflash
 
 logger = init_logger(__name__)
 
@@ -98,12 +99,10 @@ _failures: dict[str, str] = {}  # piece -> reason
 
 def config_replays(vllm_config: Any) -> bool:
     """A DFlash engine on a GDN target outside 'align' mode, patch not disabled."""
-    spec = getattr(vllm_config, "speculative_config", None)
     model = getattr(vllm_config, "model_config", None)
     cache = getattr(vllm_config, "cache_config", None)
     return (
-        spec is not None
-        and getattr(spec, "method", None) == "dflash"
+        uses_dflash(vllm_config)
         and model is not None
         and getattr(model, "architecture", None) in ARCHITECTURES
         and cache is not None
@@ -115,12 +114,7 @@ def config_replays(vllm_config: Any) -> bool:
 def _layer_replays(layer: Any) -> bool:
     replays = getattr(layer, _REPLAYS_ATTR, None)
     if replays is None:
-        spec = layer.speculative_config
-        replays = (
-            spec is not None
-            and getattr(spec, "method", None) == "dflash"
-            and layer.cache_config.mamba_cache_mode != "align"
-        )
+        replays = uses_dflash(layer) and layer.cache_config.mamba_cache_mode != "align"
         setattr(layer, _REPLAYS_ATTR, replays)
     return replays
 

@@ -38,6 +38,7 @@ from vllm_dflash.registry import (
     original,
     replace_attr,
 )
+from vllm_dflash.spec_decode import uses_dflash
 
 logger = init_logger(__name__)
 
@@ -45,11 +46,6 @@ NAME = "dflash_cudagraph_memory_measured"
 # Per runner, only while its profile_cudagraph_memory runs: None (not DFlash), or
 # a list that is empty until the first warm-up-and-capture has captured them all.
 _SESSION = "_vllm_dflash_graph_memory_session"
-
-
-def runner_applies(runner: Any) -> bool:
-    spec = getattr(runner, "speculative_config", None)
-    return spec is not None and getattr(spec, "method", None) == "dflash"
 
 
 def probe() -> bool:
@@ -97,7 +93,7 @@ def apply() -> None:
     stock_capture = GPUModelRunner._warmup_and_capture
 
     def profile_cudagraph_memory(self, *args, **kwargs):
-        if not runner_applies(self):
+        if not uses_dflash(self):
             return inner_profile(self, *args, **kwargs)
         setattr(self, _SESSION, [])
         try:

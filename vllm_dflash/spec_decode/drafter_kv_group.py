@@ -35,6 +35,7 @@ import torch
 
 from vllm_dflash.logger import init_logger
 from vllm_dflash.registry import V020_ONLY, Patch, PatchError, PatchKind, replace_attr
+from vllm_dflash.spec_decode import uses_dflash
 
 logger = init_logger(__name__)
 
@@ -132,13 +133,9 @@ def reshape_for_layer(
 
 
 def _applies(runner: Any) -> bool:
-    spec = getattr(runner, "speculative_config", None)
-    return (
-        spec is not None
-        and getattr(spec, "method", None) == "dflash"
-        and bool(
-            getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", None)
-        )
+    drafter = getattr(runner, "drafter", None)
+    return uses_dflash(runner) and bool(
+        getattr(drafter, "_draft_attn_layer_names", None)
     )
 
 

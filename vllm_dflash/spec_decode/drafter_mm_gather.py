@@ -35,6 +35,7 @@ import torch
 
 from vllm_dflash.logger import init_logger
 from vllm_dflash.registry import Patch, PatchKind, original, replace_attr
+from vllm_dflash.spec_decode import uses_dflash
 
 logger = init_logger(__name__)
 
@@ -45,11 +46,6 @@ def _runner_cls():
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     return GPUModelRunner
-
-
-def is_dflash_runner(runner) -> bool:
-    spec = getattr(runner, "speculative_config", None)
-    return spec is not None and getattr(spec, "method", None) == "dflash"
 
 
 def boundary_case():
@@ -147,7 +143,7 @@ def apply() -> None:
     stock = original(cls._gather_mm_embeddings)
 
     def _gather_mm_embeddings(self, scheduler_output, shift_computed_tokens=0):
-        if shift_computed_tokens and is_dflash_runner(self):
+        if shift_computed_tokens and uses_dflash(self):
             n = scheduler_output.total_num_scheduled_tokens
             return [], torch.zeros(n, dtype=torch.bool, device="cpu")
         return stock(self, scheduler_output, shift_computed_tokens)

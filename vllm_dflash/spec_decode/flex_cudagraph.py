@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from vllm_dflash.logger import init_logger
 from vllm_dflash.registry import Patch, PatchKind, replace_attr
+from vllm_dflash.spec_decode import uses_dflash
 
 logger = init_logger(__name__)
 
@@ -56,11 +57,6 @@ def probe() -> bool:
     return _stock_support().value >= AttentionCGSupport.UNIFORM_BATCH.value
 
 
-def _is_dflash(vllm_config) -> bool:
-    spec = getattr(vllm_config, "speculative_config", None)
-    return spec is not None and getattr(spec, "method", None) == "dflash"
-
-
 def apply() -> None:
     from vllm.v1.attention.backend import AttentionCGSupport
 
@@ -70,7 +66,7 @@ def apply() -> None:
 
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
         support = stock(cls, vllm_config, kv_cache_spec)
-        if _is_dflash(vllm_config) and support.value > cap.value:
+        if uses_dflash(vllm_config) and support.value > cap.value:
             logger.info(
                 "vllm-dflash: FLEX_ATTENTION with DFlash: no FULL CUDA graphs for "
                 "verification batches (illegal memory access on replay); "

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_dflash.registry import V020, Patch, PatchKind, code_reads, replace_attr
+from vllm_dflash.spec_decode import uses_dflash
 
 NAME = "dflash_gdn_slot_after_unscheduled_step"
 _SAVED = "_vllm_dflash_saved_accepted"
@@ -35,10 +36,8 @@ _APPLIES = "_vllm_dflash_gdn_slot_fix"
 
 
 def _applies(runner: Any) -> bool:
-    spec = getattr(runner, "speculative_config", None)
     return (
-        spec is not None
-        and getattr(spec, "method", None) == "dflash"
+        uses_dflash(runner)
         and getattr(runner.model_config, "is_hybrid", False)
         and runner.cache_config.mamba_cache_mode != "align"
     )

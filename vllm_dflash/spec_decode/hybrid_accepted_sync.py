@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_dflash.registry import V020_ONLY, Patch, PatchKind, code_reads, replace_attr
+from vllm_dflash.spec_decode import uses_dflash
 
 NAME = "dflash_hybrid_no_accepted_sync"
 _APPLIES = "_vllm_dflash_no_accepted_sync"
@@ -44,10 +45,8 @@ _APPLIES = "_vllm_dflash_no_accepted_sync"
 
 def runner_applies(runner: Any) -> bool:
     """DFlash, hybrid target, async speculative decoding, not 'align' mode."""
-    spec = getattr(runner, "speculative_config", None)
     return (
-        spec is not None
-        and getattr(spec, "method", None) == "dflash"
+        uses_dflash(runner)
         and bool(getattr(runner.model_config, "is_hybrid", False))
         and runner.cache_config.mamba_cache_mode != "align"
         and bool(getattr(runner, "use_async_spec_decode", False))

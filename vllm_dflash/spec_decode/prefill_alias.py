@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from vllm_dflash.registry import V020, Patch, PatchKind, original, replace_attr
+from vllm_dflash.spec_decode import uses_dflash
 
 NAME = "dflash_prefill_not_uniform_decode"
 # Requests of the current execute_model batch that have draft tokens scheduled
@@ -95,11 +96,6 @@ def probe() -> bool:
     return classify(original(GPUModelRunner._determine_batch_execution_and_padding), 0)
 
 
-def _is_dflash(runner) -> bool:
-    spec = getattr(runner, "speculative_config", None)
-    return spec is not None and getattr(spec, "method", None) == "dflash"
-
-
 def apply() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -107,7 +103,7 @@ def apply() -> None:
     stock_determine = original(GPUModelRunner._determine_batch_execution_and_padding)
 
     def execute_model(self, scheduler_output, *args, **kwargs):
-        if not _is_dflash(self):
+        if not uses_dflash(self):
             return stock_execute(self, scheduler_output, *args, **kwargs)
         setattr(self, _SPEC_ROWS, len(scheduler_output.scheduled_spec_decode_tokens))
         try:
