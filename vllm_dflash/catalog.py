@@ -38,6 +38,7 @@ from vllm_dflash.spec_decode import (
     gdn_zero_drafts,
     hybrid_accepted_sync,
     mrope_positions,
+    partial_draft_head,
     prefill_alias,
     query_buffers,
     sliding_window,
@@ -88,6 +89,7 @@ PATCHES: tuple[Patch, ...] = (
     quantized_drafter.PATCH,
     adaptive_draft_length.CONFIG_PATCH,
     context_only_pass.PATCH,  # before dflash_trace, which wraps it
+    partial_draft_head.PATCH,
     trace.PATCH,
     step_profile.PATCH,
 )

@@ -4,11 +4,12 @@
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU, PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
-# PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
+# PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL,
+# PERF_TURN=DIR:MODE1,MODE2 (engines started together on one GPU, e.g. perf:base@0 perf:plugin@0, take turns batch by batch), PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
 # GPU_HYBRID sampling pair), SAMPLING_N), trace (step_trace.py:
-# profiler trace of MODEs at TRACE_CONC, TRACE_PAIR=dense|hybrid, per-step GPU busy/idle/phase summary), hybrid
+# profiler trace of MODEs (base plugin adaptive; TRACE_SCHEDULE: forced draft lengths of adaptive) at TRACE_CONC, TRACE_PAIR=dense|hybrid, per-step GPU busy/idle/phase summary), hybrid
 # (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
 # (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS).
@@ -32,9 +33,12 @@ finish() {
   cp "$W/check/gpu_check.json" "$W/perf.jsonl" "$W/doctor.json" "$W/swa.jsonl" \
     "$W/pytest-gpu.xml" "$W/pytest-gpu_check.json" "$W/hybrid.jsonl" "$OUT/" 2>/dev/null
   cp "$W"/trace/summary-*.json "$OUT/" 2>/dev/null
-  # the plugin's profiler trace (re-analysable here: step_trace.py --analyse), if it fits
-  local t; t=$(ls "$W"/trace/trace-plugin/*.json.gz 2>/dev/null | head -1)
-  [ -n "$t" ] && [ "$(stat -c %s "$t")" -lt 15000000 ] && cp "$t" "$OUT/profiler-trace.json.gz"
+  # the DFlash profiler traces (re-analysable here: step_trace.py --analyse), if they fit
+  local t m
+  for m in plugin adaptive; do
+    t=$(ls "$W"/trace/trace-$m/*.json.gz 2>/dev/null | head -1)
+    [ -n "$t" ] && [ "$(stat -c %s "$t")" -lt 15000000 ] && cp "$t" "$OUT/profiler-trace-$m.json.gz"
+  done
   # logs and small results only (no fixtures/weights): under the 16 MiB a file may bring back
   (cd "$W" && find . -type f -size -8M \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' \
      -o -name '*.xml' -o -name '*.txt' \) -not -path '*/models/*' -not -path '*/fixtures/*' -print0 \
@@ -105,7 +109,8 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
             --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" --repeats "${PERF_BATCHES:-3}" \
             --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" \
             --tau "${PERF_TAU:-6.35}" --max-tokens "${PERF_MAX_TOKENS:-1024}" \
-            --max-model-len "${PERF_MAX_MODEL_LEN:-4096}" --kv-cache-gib "${PERF_KV_GIB:-0}" ${PERF_EAGER:+--enforce-eager} > "$log" 2>&1
+            --max-model-len "${PERF_MAX_MODEL_LEN:-4096}" --kv-cache-gib "${PERF_KV_GIB:-0}" ${PERF_EAGER:+--enforce-eager} \
+            --gpu-util "${PERF_GPU_UTIL:-0.85}" ${PERF_TURN:+--turn "$PERF_TURN"} > "$log" 2>&1
           say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
           grep RESULT "$log" | cut -c1-260
           grep -m1 -o "Maximum concurrency for .*" "$log" | sed "s/^/[$mode] /"
@@ -131,7 +136,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       done ;;
     trace)
       for m in ${arg:-base plugin}; do
-        timeout "${TRACE_TIMEOUT:-300}" python3 benchmarks/gpu/step_trace.py "$m" "$W/trace" --conc "${TRACE_CONC:-1}" \
+        VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE=${TRACE_SCHEDULE:-} timeout "${TRACE_TIMEOUT:-300}" python3 benchmarks/gpu/step_trace.py "$m" "$W/trace" --conc "${TRACE_CONC:-1}" \
           --pair "${TRACE_PAIR:-dense}" --kv-cache-gib "${TRACE_KV_GIB:-0}" --root "/root/trace-${TRACE_PAIR:-dense}-$m" > "$W/trace-$m.log" 2>&1
         say "trace $m rc=$?"; grep RESULT "$W/trace-$m.log" | cut -c1-1500
       done ;;

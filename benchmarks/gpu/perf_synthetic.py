@@ -5,7 +5,9 @@
 
 MODE: ``base`` (no speculation), ``stock`` (DFlash, vllm-dflash not loaded:
 VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash), ``adaptive``
-(the same with ``"draft_length": "adaptive"``), ``prev`` (the plugin without the
+(the same with ``"draft_length": "adaptive"``), ``adaptive-fullhead`` (adaptive
+without dflash_partial_draft_head: the draft head over all k positions, as in
+session 10), ``prev`` (the plugin without the
 session-11 hybrid patches: dflash_hybrid_no_accepted_sync, dflash_gdn_shared_metadata,
 dflash_gdn_state_replay; what sessions 9-10 measured). Same setup as
 shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
@@ -77,6 +79,7 @@ def engine_kwargs(
     kv_cache_gib: float = 0.0,
     max_model_len: int = 4096,
     enforce_eager: bool = False,
+    gpu_util: float = 0.85,
 ) -> dict:
     """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
     spec = None
@@ -85,7 +88,7 @@ def engine_kwargs(
             "method": "dflash", "model": f"{root}/draft", "num_speculative_tokens": 15,
             "rejection_sample_method": "synthetic", "synthetic_acceptance_length": tau,
         }  # fmt: skip
-        if mode == "adaptive":
+        if mode.startswith("adaptive"):
             spec["draft_length"] = "adaptive"
     extra = {}
     if pair == "hybrid":
@@ -105,7 +108,7 @@ def engine_kwargs(
             extra["gdn_prefill_backend"] = gdn
     return dict(
         model=f"{root}/target", load_format="dummy", skip_tokenizer_init=True,
-        dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
+        dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=gpu_util,
         speculative_config=spec, seed=0, max_num_seqs=max_num_seqs,
         tensor_parallel_size=tp, kv_cache_memory_bytes=int(kv_cache_gib * 2**30) or None,
         enforce_eager=enforce_eager,
@@ -121,6 +124,84 @@ SESSION11_PATCHES = (
 )
 
 
+class Turns:
+    """Engines of several processes on one GPU that take turns (``--turn``).
+
+    Each process starts its engine and runs its first warm-up request, then
+    waits until every peer is that far (no compile, autotune or graph capture
+    of one engine overlaps a batch of another); afterwards each batch waits for
+    its turn: peers run their batches alternately, one at a time, so a ratio of
+    two engines is measured side by side on the same machine state."""
+
+    def __init__(self, spec: str, me: str, tag: str = "") -> None:
+        path, _, names = spec.partition(":")
+        # one folder per round (--tag): files of an earlier round never count
+        self.dir, self.peers = os.path.join(path, tag or "round"), names.split(",")
+        if me not in self.peers:
+            raise SystemExit(f"--turn {spec}: mode {me} is not one of the peers")
+        self.me = self.peers.index(me)
+        os.makedirs(self.dir, exist_ok=True)
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def _left(self, i: int) -> bool:
+        """Peer ``i`` finished, or its process is gone (killed by a time limit:
+        no ``leave``)."""
+        if os.path.exists(self._file(f"left-{i}")):
+            return True
+        try:
+            with open(self._file(f"ready-{i}")) as fh:
+                os.kill(int(fh.read()), 0)
+        except (FileNotFoundError, ValueError):
+            return False  # not ready yet
+        except ProcessLookupError:
+            return True
+        return False
+
+    def ready(self) -> None:
+        tmp = self._file(f"ready-{self.me}.tmp")
+        with open(tmp, "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(tmp, self._file(f"ready-{self.me}"))
+        while not all(
+            os.path.exists(self._file(f"ready-{i}")) or self._left(i)
+            for i in range(len(self.peers))
+        ):
+            time.sleep(0.05)
+
+    def _turn(self) -> int:
+        try:
+            with open(self._file("turn")) as fh:
+                return int(fh.read() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _set_turn(self, value: int) -> None:
+        tmp = self._file(f"turn.{self.me}")
+        with open(tmp, "w") as fh:
+            fh.write(str(value))
+        os.replace(tmp, self._file("turn"))
+
+    def run(self, fn):
+        while True:
+            t = self._turn()
+            owner = t % len(self.peers)
+            if owner == self.me:
+                break
+            if self._left(owner):  # a peer that finished (or died) passes
+                self._set_turn(t + 1)
+                continue
+            time.sleep(0.05)
+        try:
+            return fn()
+        finally:
+            self._set_turn(t + 1)
+
+    def leave(self) -> None:
+        open(self._file(f"left-{self.me}"), "w").close()
+
+
 def random_prompts(rng: random.Random, n: int) -> list[dict]:
     """N token-id prompts of 512 tokens."""
     return [
@@ -131,7 +212,10 @@ def random_prompts(rng: random.Random, n: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["base", "stock", "plugin", "adaptive", "prev"])
+    ap.add_argument(
+        "mode",
+        choices=["base", "stock", "plugin", "adaptive", "adaptive-fullhead", "prev"],
+    )
     ap.add_argument("out")
     ap.add_argument("--conc", default="1,4,16,64")
     ap.add_argument("--tau", type=float, default=6.35)
@@ -161,16 +245,36 @@ def main() -> None:
         "--repeats", type=int, default=3, help="timed batches per concurrency"
     )
     ap.add_argument(
+        "--turn", default=None,
+        help="DIR:MODE1,MODE2: engines of these modes, one process each on one GPU, "
+        "run their batches alternately (start them together; use --kv-cache-gib)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--gpu-util", type=float, default=0.85,
+        help="gpu_memory_utilization (engines that share the GPU: each its part)",
+    )  # fmt: skip
+    ap.add_argument(
         "--profile", default=None,
         help="VLLM_DFLASH_PROFILE file: per-section step times (adds device syncs)",
     )  # fmt: skip
     args = ap.parse_args()
+    turns = Turns(args.turn, args.mode, args.tag) if args.turn else None
+    try:
+        run(args, turns)
+    finally:
+        if turns:
+            turns.leave()
+
+
+def run(args: argparse.Namespace, turns: "Turns | None") -> None:
     if args.profile:
         os.environ["VLLM_DFLASH_PROFILE"] = args.profile
     if args.mode == "stock":
         os.environ["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM
     if args.mode == "prev":
         os.environ["VLLM_DFLASH_DISABLE"] = ",".join(SESSION11_PATCHES)
+    if args.mode == "adaptive-fullhead":  # the session-10 adaptive mode
+        os.environ["VLLM_DFLASH_DISABLE"] = "dflash_partial_draft_head"
     write_models(args.root, args.pair)
     from vllm import LLM, SamplingParams
 
@@ -180,7 +284,7 @@ def main() -> None:
         **engine_kwargs(
             args.mode, args.root, args.tau, max(concs), args.tp, args.pair,
             kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-            enforce_eager=args.enforce_eager,
+            enforce_eager=args.enforce_eager, gpu_util=args.gpu_util,
         ),
         disable_log_stats=False,
     )  # fmt: skip
@@ -206,6 +310,12 @@ def main() -> None:
         temperature=0, max_tokens=32, ignore_eos=True, detokenize=False
     )
     llm.generate(random_prompts(rng, 1), warm)
+    if turns:
+        turns.ready()
+
+    def in_turn(fn):
+        return fn() if turns is None else turns.run(fn)
+
     if args.profile and os.path.exists(args.profile):
         os.remove(args.profile)  # measure from the first timed request on
 
@@ -222,16 +332,20 @@ def main() -> None:
 
     for conc in concs:
         # same batch size, untimed
-        llm.generate(random_prompts(rng, conc), warm, use_tqdm=False)
+        warm_prompts = random_prompts(rng, conc)
+        in_turn(lambda p=warm_prompts: llm.generate(p, warm, use_tqdm=False))
         if args.profile and os.path.exists(args.profile):
             os.remove(args.profile)
         for rep in range(1 if args.profile else args.repeats):
             prompts = random_prompts(rng, conc)
-            before = counters()
-            t1 = time.time()
-            outs = llm.generate(prompts, sp, use_tqdm=False)
-            dt = time.time() - t1
-            after = counters()
+
+            def timed(prompts=prompts):
+                before = counters()
+                t1 = time.time()
+                outs = llm.generate(prompts, sp, use_tqdm=False)
+                return outs, time.time() - t1, before, counters()
+
+            outs, dt, before, after = in_turn(timed)
             d = {k: after[k] - before.get(k, 0) for k in after}
             ntok = sum(len(o.outputs[0].token_ids) for o in outs)
             drafts = d.get("vllm:spec_decode_num_drafts", 0)

@@ -4,7 +4,7 @@
     python benchmarks/gpu/step_trace.py MODE OUT_DIR [--conc 1] [--steps 24]
     python benchmarks/gpu/step_trace.py --analyse TRACE.json[.gz]   (any machine)
 
-MODE as in perf_synthetic.py (``base``, ``stock``, ``plugin``; same models and
+MODE as in perf_synthetic.py (``base``, ``stock``, ``plugin``, ``adaptive``; same models and
 settings, no extra syncs: vLLM's own torch profiler, ``--profiler-config``).
 The summary (``summary-MODE.json``) says, per engine step (one target forward):
 
@@ -233,7 +233,9 @@ def run(
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", nargs="?", choices=["base", "stock", "plugin"])
+    # adaptive: "draft_length": "adaptive"; VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE=3
+    # forces the verified length (e.g. the policy's choice at 64 requests)
+    ap.add_argument("mode", nargs="?", choices=["base", "stock", "plugin", "adaptive"])
     ap.add_argument("out_dir", nargs="?")
     ap.add_argument("--conc", type=int, default=1)
     ap.add_argument("--steps", type=int, default=24)

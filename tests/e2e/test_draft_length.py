@@ -8,7 +8,9 @@ adaptive draft length and a forced sequence of per-step lengths
 shorter ones, and steps that verify nothing (the drafter then only stores its
 context), back to full. Checked: greedy output equals the float64 target's
 (lossless), the drafts that were drafted equal the reference's (a drafter that
-skipped its query pass must not have lost context), drafts were still accepted,
+skipped its query pass must not have lost context; a draft head that computed
+only the positions the next step verifies gives the reference's first ones),
+drafts were still accepted,
 and the scheduled lengths really varied (counted by the scheduler and by vLLM's
 own spec-decode counters). The policy that chooses the lengths on its own is
 tested in tests/unit/test_draft_length.py; its speed on the H200 in
@@ -99,6 +101,22 @@ def test_adaptive_lossless(runs, refs, name):
 def test_adaptive_drafts_equal_reference(runs, refs, name):
     stats = compare(refs[name], runs[name].data, runs[name].trace)
     assert stats.drafts >= 40, stats
+    assert stats.token_rate >= 0.98, stats
+
+
+@pytest.mark.parametrize("name", ["dense", "hybrid"])
+def test_partial_draft_head(runs, refs, name):
+    """Before a step that verifies 0 < d < k drafts the draft head computed d
+    positions (dflash_partial_draft_head), and they are the reference's first d."""
+    trace = runs[name].trace
+    partial = [r for r in trace if len(r["draft_token_ids"]) < r["block"]]
+    lengths = {len(r["draft_token_ids"]) for r in partial}
+    assert len(partial) >= 10 and lengths <= set(SCHEDULE[name]) - {0, K[name]}, (
+        len(partial),
+        lengths,
+    )
+    assert runs[name].data["draft_lengths"]["rows"]["partial"] >= len(partial)
+    stats = compare(refs[name], runs[name].data, partial)
     assert stats.token_rate >= 0.98, stats
 
 

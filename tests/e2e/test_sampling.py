@@ -1,13 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Sampled DFlash output keeps the target's distribution (CPU backend).
 
-One DFlash engine (k = 7) and one no-speculation engine generate every request group
+Two DFlash engines (k = 7; the second with ``"draft_length": "adaptive"`` and forced
+per-step lengths 7,2,0,1,5,0,3: shorter blocks, steps without drafts, partial draft
+heads) and one no-speculation engine generate every request group
 of tests/helpers/sampling_check.py in ONE ``LLM.generate`` each (eager): temperature
 0.6 and 1.0, top-p, top-k, penalties, per-request seeds, and 24 greedy prompts in the
 same batches; then one min-p request (vLLM refuses it with speculation). A step
 budget below the waiting prompts' total chunks prompts at step boundaries (seeded
 ones included), and the seeded requests that are also generated alone must give the
-same outputs in the big mixed batch. The pair (``sampling_pair``): a peaked tiny
+same outputs in the big mixed batch (not for the adaptive engine: a seeded request's
+draws follow the number of drafts each step verifies, which depends on the batch).
+The pair (``sampling_pair``): a peaked tiny
 target (the trained tiny target's weights, logits x14) and a drafter that always
 drafts the token X the target gives ~0.27 (temperature 1) / ~0.47 (0.6) at output token 2 and ~0 at token 3, so the
 first draft is accepted or rejected (recovery from the residual) and, after an
@@ -32,6 +36,7 @@ vs BUDGET: generate 14.9 vs 14.1 s with DFlash, 6.4 vs 6.3 s without; engine sta
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -49,7 +54,11 @@ GREEDY_TOKENS = 16
 # cpu_seeded_partial_prefill). DFlash: the scheduler's budget is 3850 - 256 * 7
 # (draft slots) = 2058 >= 256 * 8, so running requests always get all 7 drafts
 # verified and only prefills are cut.
-BUDGET = {"dflash": 3850, "no-spec": 2050}
+BUDGET = {"dflash": 3850, "dflash-adaptive": 3850, "no-spec": 2050}
+# The adaptive engine verifies these draft lengths in turn (one per step, the whole
+# batch): full blocks, 0 (the drafter only stores its context), and shorter ones
+# (the draft head computes only those positions).
+ADAPTIVE_SCHEDULE = "7,2,0,1,5,0,3"
 
 
 @pytest.fixture(scope="module")
@@ -65,25 +74,49 @@ def result(tmp_path_factory):
     gs = sc.groups(N)
     gfile = work / "groups.json"
     gfile.write_text(json.dumps(sc.groups_json(prompt, gs, GREEDY_TOKENS)))
-    runs, times = {}, {}
-    for engine, d in (("dflash", drafter), ("no-spec", None)):
+    runs, times, applied = {}, {}, {}
+    for engine, d in (
+        ("dflash", drafter),
+        ("dflash-adaptive", drafter),
+        ("no-spec", None),
+    ):
         t0 = time.monotonic()
         args = ["--eager", "--k", "7", "--max-num-batched-tokens", str(BUDGET[engine])]
-        rc, data, log = sc.run_engine(target, d, gfile, work / f"{engine}.json", args)
+        env = None
+        if engine == "dflash-adaptive":
+            args += ["--draft-length", "adaptive"]
+            env = {"VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE": ADAPTIVE_SCHEDULE}
+        rc, data, log = sc.run_engine(
+            target, d, gfile, work / f"{engine}.json", args, env=env
+        )
         times[engine] = round(time.monotonic() - t0, 1)
         (work / f"{engine}.log").write_text(log)
+        applied[engine] = _applied_in_engine(log)
         assert rc == 0 and data, f"{engine} engine failed:\n{log[-4000:]}"
         runs[engine] = data
     t0 = time.monotonic()
     marg = sc.exact(Target(target), prompt, gs)
     times["marginals"] = round(time.monotonic() - t0, 1)
-    checks = sc.evaluate(gs, marg, runs, seeds_across_batches=True)
+    checks = sc.evaluate(
+        gs, marg, runs, seeds_across_batches=True, unseeded=("dflash-adaptive",)
+    )
     report = {"times_s": times, "drafted_token": x, "checks": checks,
-              "spec_decode": runs["dflash"].get("spec_decode"),
-              "patch_states": runs["dflash"].get("patch_states")}  # fmt: skip
+              "spec_decode": {e: r.get("spec_decode") for e, r in runs.items()},
+              "engine_patches": applied}  # fmt: skip
     (work / "report.json").write_text(json.dumps(report, indent=1))
     print(f"sampling report: {work / 'report.json'}; times {times}")
     return report
+
+
+def _applied_in_engine(log: str) -> list[str]:
+    """Patch names the engine's processes (engine core, workers; not the front
+    end) logged as applied (the registry's INFO lines)."""
+    names = []
+    for line in log.splitlines():
+        m = re.search(r" in ([\w-]+)\[\d+\]: (?:.*, )?applied (.*)", line)
+        if m and m.group(1) != "MainProcess":
+            names += [n.strip() for n in m.group(2).split(";")[0].split(",")]
+    return names
 
 
 def _failed(result, kind: str) -> list[dict]:
@@ -92,6 +125,20 @@ def _failed(result, kind: str) -> list[dict]:
 
 def test_drafts_accepted_and_rejected(result):
     assert not _failed(result, "acceptance_and_rejection"), result["spec_decode"]
+
+
+def test_adaptive_engine_verified_shorter_blocks(result):
+    """The adaptive engine's distribution checks above only count if its steps
+    really verified fewer than k drafts (and its draft head computed fewer)."""
+    c = result["spec_decode"]["dflash-adaptive"]
+    drafts, tokens = (
+        c["vllm:spec_decode_num_drafts"],
+        c["vllm:spec_decode_num_draft_tokens"],
+    )
+    assert 0 < tokens < 0.8 * 7 * drafts, c
+    applied = result["engine_patches"]["dflash-adaptive"]
+    for name in ("dflash_adaptive_draft_length", "dflash_partial_draft_head"):
+        assert name in applied, (name, applied)
 
 
 def test_sampled_tokens_follow_target_distribution(result):

@@ -77,7 +77,11 @@ def compare(
                 full, _lookup(images, rec["request_id"]) if images else None
             )
         k = len(rec["draft_token_ids"])
-        want, logits = ref.draft(seq, k, feats=feats_cache[key][: n - 1])
+        # the first k positions of the drafter's block (a partial draft head)
+        want, logits = ref.draft(
+            seq, rec.get("block", k), feats=feats_cache[key][: n - 1]
+        )
+        want, logits = want[:k], logits[:k]
         eq = sum(int(a == b) for a, b in zip(want, rec["draft_token_ids"], strict=True))
         if near_tie > 0:
             for j, (a, b) in enumerate(zip(want, rec["draft_token_ids"], strict=True)):

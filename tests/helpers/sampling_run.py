@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--kv-cache-bytes", type=int, help="kv_cache_memory_bytes (GPU)")
     ap.add_argument("--cudagraph-mode", help="compilation_config cudagraph_mode")
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--draft-length", choices=("fixed", "adaptive"))
     ap.add_argument(
         "--text-only", action="store_true", help="multimodal target: no image/video"
     )
@@ -62,6 +63,8 @@ def main() -> None:
             "model": args.drafter,
             "num_speculative_tokens": args.k,
         }
+        if args.draft_length:
+            spec["draft_length"] = args.draft_length
     kwargs = {}
     if args.uni:
         kwargs["distributed_executor_backend"] = "uni"

@@ -15,7 +15,7 @@ from vllm_dflash.config import draft_length as cfg
 from vllm_dflash.config.layer_types import DrafterConfigError
 from vllm_dflash.core import adaptive_draft_length as adl
 from vllm_dflash.core.draft_length_policy import DraftLengthPolicy, default_candidates
-from vllm_dflash.spec_decode import context_only_pass
+from vllm_dflash.spec_decode import context_only_pass, partial_draft_head
 
 
 # -- policy -------------------------------------------------------------------
@@ -181,18 +181,19 @@ class FakeScheduler:
             for i in range(n)
         ]
 
-    def stock_schedule(self):
-        spec = {
-            r.request_id: r.spec_token_ids for r in self.running if r.spec_token_ids
-        }
-        num = {r.request_id: 1 + len(r.spec_token_ids) for r in self.running}
+    def stock_schedule(self, sit_out: tuple[str, ...] = ()):
+        """``sit_out``: requests the token budget leaves out of this step (they
+        keep their drafts; the drafter pass after this step skips them)."""
+        batch = [r for r in self.running if r.request_id not in sit_out]
+        spec = {r.request_id: r.spec_token_ids for r in batch if r.spec_token_ids}
+        num = {r.request_id: 1 + len(r.spec_token_ids) for r in batch}
         out = SimpleNamespace(
             scheduled_spec_decode_tokens=spec,
             num_scheduled_tokens=num,
             total_num_scheduled_tokens=sum(num.values()),
             scheduled_new_reqs=[],
         )
-        for r in self.running:  # the worker proposes k drafts for the next step
+        for r in batch:  # the worker proposes k drafts for the next step
             r.spec_token_ids = list(range(1, self.k + 1))
         return out
 
@@ -202,16 +203,18 @@ def test_controller_trims_and_keeps_zero_length_decodes_speculative():
     ctl = adl.DraftLengthController(sched, 4, forced=(2, 0, 0, 4, 3))
     out = ctl.schedule(sched.stock_schedule)
     assert {len(v) for v in out.scheduled_spec_decode_tokens.values()} == {2}
-    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is False  # next is 0: no query pass
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) == 0  # next is 0: no query pass
     out = ctl.schedule(sched.stock_schedule)  # d = 0
     assert out.scheduled_spec_decode_tokens == {"r0": [], "r1": [], "r2": []}
     assert out.total_num_scheduled_tokens == 3
-    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is False
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) == 0
     out = ctl.schedule(sched.stock_schedule)  # d = 0 again; the next wants 4
-    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is True
-    out = ctl.schedule(sched.stock_schedule)  # 4
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) == 4
+    out = ctl.schedule(sched.stock_schedule)  # 4; the next wants 3
     assert {len(v) for v in out.scheduled_spec_decode_tokens.values()} == {4}
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) == 3  # a partial draft head
     assert ctl.steps_by_length == {2: 1, 0: 2, 4: 1}
+    assert ctl.rows_by_pass == {"query": 6, "context": 6, "partial": 3}
 
 
 def test_controller_caps_after_a_context_only_pass():
@@ -225,12 +228,48 @@ def test_controller_caps_after_a_context_only_pass():
     )  # fmt: skip
     ctl = adl.DraftLengthController(sched, 4, policy=policy)
     out = ctl.schedule(sched.stock_schedule)
-    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is False
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) == 0
     out = ctl.schedule(sched.stock_schedule)
     assert out.total_num_scheduled_tokens == 2  # capped at 0
-    assert getattr(out, adl.DRAFTS_NEXT_ATTR) is True
+    assert getattr(out, adl.DRAFTS_NEXT_ATTR) == 4
     out = ctl.schedule(sched.stock_schedule)
     assert out.total_num_scheduled_tokens == 2 * 5
+
+
+def test_controller_caps_at_what_the_drafter_was_told():
+    """A longer length than the drafter's head computed waits one step: the
+    positions past it are zeros that no step may verify."""
+    sched = FakeScheduler(2, 8)
+    wants = iter([2, 6, 6, 6])
+    policy = SimpleNamespace(
+        choose=lambda n: next(wants), candidates=(2, 6, 8), buckets={},
+        observe_step=lambda *a: None, observe_acceptance=lambda *a: None,
+    )  # fmt: skip
+    ctl = adl.DraftLengthController(sched, 8, policy=policy)
+    outs = [ctl.schedule(sched.stock_schedule) for _ in range(4)]
+    lengths = [{len(v) for v in o.scheduled_spec_decode_tokens.values()} for o in outs]
+    assert lengths == [{2}, {2}, {6}, {6}]  # step 2 capped at the 2 drafted
+    assert [getattr(o, adl.DRAFTS_NEXT_ATTR) for o in outs] == [2, 6, 6, 6]
+
+
+def test_controller_caps_each_request_at_its_own_drafter_pass():
+    """A request that sat out a step holds the drafts of an older pass (zeros
+    after what that pass's head computed): it is never verified past them."""
+    sched = FakeScheduler(2, 4)
+    wants = iter([1, 4, 4])
+    policy = SimpleNamespace(
+        choose=lambda n: next(wants), candidates=(1, 4), buckets={},
+        observe_step=lambda *a: None, observe_acceptance=lambda *a: None,
+    )  # fmt: skip
+    ctl = adl.DraftLengthController(sched, 4, policy=policy)
+    ctl.schedule(sched.stock_schedule)  # both: the next pass drafts 1
+    out = ctl.schedule(lambda: sched.stock_schedule(sit_out=("r1",)))
+    assert {k: len(v) for k, v in out.scheduled_spec_decode_tokens.items()} == {"r0": 1}
+    out = ctl.schedule(sched.stock_schedule)  # r0 drafted 4, r1 still holds 1
+    assert {k: len(v) for k, v in out.scheduled_spec_decode_tokens.items()} == {
+        "r0": 4,
+        "r1": 1,
+    }
 
 
 def test_controller_feeds_the_policy():
@@ -265,7 +304,7 @@ def test_context_only_pass_stores_context_and_drafts_nothing(isolated):
         set_inputs_first_pass=lambda **kw: (calls.append(("inputs", kw)) or (6, None, None)),
         build_model_inputs_first_pass=lambda *a: calls.append(("store", a)),
     )  # fmt: skip
-    setattr(fake, context_only_pass.QUERY_PASS_ATTR, False)
+    setattr(fake, context_only_pass.NEXT_DRAFTS_ATTR, 0)
     cad = SimpleNamespace(batch_size=lambda: 2)
     hidden = torch.ones(5, 2)
     drafts = DFlashProposer.propose(
@@ -288,11 +327,48 @@ def test_runner_passes_the_scheduler_decision_to_the_drafter(isolated, monkeypat
     monkeypatch.setattr(
         GPUModelRunner,
         "propose_draft_token_ids",
-        lambda self, so, *a, **k: seen.append(self.drafter._vllm_dflash_query_pass),
+        lambda self, so, *a, **k: seen.append(
+            context_only_pass.next_drafts(self.drafter)
+        ),
     )
     context_only_pass.apply()
     runner = SimpleNamespace(drafter=SimpleNamespace())
     GPUModelRunner.propose_draft_token_ids(runner, SimpleNamespace())
-    out = SimpleNamespace(**{adl.DRAFTS_NEXT_ATTR: False})
-    GPUModelRunner.propose_draft_token_ids(runner, out)
-    assert seen == [True, False]
+    for d in (0, 3):
+        out = SimpleNamespace(**{adl.DRAFTS_NEXT_ATTR: d})
+        GPUModelRunner.propose_draft_token_ids(runner, out)
+    assert seen == [None, 0, 3]
+
+
+# -- partial draft head -------------------------------------------------------------
+def test_partial_draft_head_computes_only_the_verified_positions(isolated):
+    """The head's GEMM sees batch*d rows; the d ids are the full head's first d."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    isolated(partial_draft_head.PATCH)
+    partial_draft_head.apply()
+    k, batch, hidden, vocab = 5, 3, 8, 50
+    weight = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
+    rows_seen = []
+
+    def compute_logits(h):
+        rows_seen.append(h.shape[0])
+        return h @ weight.T
+
+    fake = SimpleNamespace(
+        num_speculative_tokens=k, use_local_argmax_reduction=False,
+        model=SimpleNamespace(compute_logits=compute_logits),
+    )  # fmt: skip
+    states = torch.randn(batch * k, hidden, generator=torch.Generator().manual_seed(1))
+    full = (states @ weight.T).argmax(-1).view(batch, k)
+    assert DFlashProposer._greedy_sample(fake, states).equal(full.view(-1))  # no key
+    assert partial_draft_head.head_positions(fake) == k
+    for d in (1, 2, 4):
+        setattr(fake, context_only_pass.NEXT_DRAFTS_ATTR, d)
+        ids = DFlashProposer._greedy_sample(fake, states).view(batch, k)
+        assert ids[:, :d].equal(full[:, :d]) and not ids[:, d:].any()
+        assert rows_seen[-1] == batch * d
+        assert partial_draft_head.head_positions(fake) == d
+    setattr(fake, context_only_pass.NEXT_DRAFTS_ATTR, k)  # all verified: vLLM's head
+    assert DFlashProposer._greedy_sample(fake, states).equal(full.view(-1))
+    assert rows_seen[-1] == batch * k and partial_draft_head.head_positions(fake) == k

@@ -24,8 +24,11 @@ Two patches, one per process that needs them:
      reads slot 0: wrong after accepted drafts; for a batch of such decodes only,
      see ``spec_decode/gdn_zero_drafts.py``);
   4. tells the worker on the scheduler output (attribute ``vllm_dflash_drafts_next``)
-     whether the next step wants drafts; if not, the drafter runs a context-only
-     pass (``spec_decode/context_only_pass.py``);
+     how many drafts the next step verifies at most (the policy's length for
+     this batch): at 0 the drafter runs a context-only pass
+     (``spec_decode/context_only_pass.py``), below ``k`` its draft head computes
+     only those positions (``spec_decode/partial_draft_head.py``); the next step
+     is capped at that number;
   5. when the step's output arrives, feeds the policy the wall time since the
      previous output (decode-only steps whose length and bucket equal the step
      before: no prefill, no transition) and the accepted count per request.
@@ -60,7 +63,8 @@ logger = init_logger(__name__)
 
 CONFIG_NAME = "dflash_draft_length_config"
 NAME = "dflash_adaptive_draft_length"
-# On SchedulerOutput: False when the step after this one verifies no drafts.
+# On SchedulerOutput: the number of drafts (0..k) the step after this one
+# verifies at most. Absent: k (no adaptive draft length).
 DRAFTS_NEXT_ATTR = "vllm_dflash_drafts_next"
 _CONTROLLER = "_vllm_dflash_draft_length"
 
@@ -88,7 +92,10 @@ class DraftLengthController:
         self.policy = policy or DraftLengthPolicy(k)
         self.forced = tuple(min(d, k) for d in forced) if forced else None
         self._forced_i = 0
-        self.cap = k  # drafts available to the next step (0 after a context-only pass)
+        # request -> drafts its newest drafter pass computed (the drafter pass of
+        # the last step that scheduled it; 0 after a context-only pass). A request
+        # that sat out a step still holds that pass's drafts: zeros after them.
+        self._drafted: dict[str, int] = {}
         self._pending: dict[int, _Step] = {}
         self._prev_key: tuple[int, int] | None = None
         self._last_output: float | None = None
@@ -96,8 +103,8 @@ class DraftLengthController:
         self._logged: dict[int, int] = {}
         self.steps_by_length: dict[int, int] = {}  # d -> scheduled steps (tests, logs)
         # scheduled requests of steps after which the drafter drafts / only stores
-        # its context (tests)
-        self.rows_by_pass = {"query": 0, "context": 0}
+        # its context / drafts fewer than k positions (tests)
+        self.rows_by_pass = {"query": 0, "context": 0, "partial": 0}
 
     def _want(self, num_reqs: int) -> int:
         if self.forced is not None:
@@ -106,22 +113,33 @@ class DraftLengthController:
             return d
         return self.policy.choose(num_reqs)
 
-    def _drafts_next(self, d_want: int) -> bool:
+    def _drafts_next(self, d_want: int) -> int:
+        """What the drafter drafts for the next step: the length the policy wants
+        for this batch now (a step later it may want more, e.g. to probe a longer
+        length: that step is capped here, the one after it gets its length)."""
         if self.forced is not None:
-            return self.forced[self._forced_i % len(self.forced)] > 0
-        return d_want > 0
+            return self.forced[self._forced_i % len(self.forced)]
+        return d_want
 
     def schedule(self, stock_schedule) -> Any:
         running = self.scheduler.running
         num_reqs = len(running)
         d_want = self._want(num_reqs)
-        d = min(d_want, self.cap)
+        drafted = self._drafted
+        with_drafts = [r for r in running if r.spec_token_ids]
+        d = min(
+            d_want,
+            max(
+                (drafted.get(r.request_id, self.k) for r in with_drafts), default=d_want
+            ),
+        )
         had_drafts: list[str] = []
-        for req in running:
-            if req.spec_token_ids:
-                had_drafts.append(req.request_id)
-                if len(req.spec_token_ids) > d:
-                    req.spec_token_ids = req.spec_token_ids[:d]
+        for req in with_drafts:
+            had_drafts.append(req.request_id)
+            # never past what this request's drafter pass computed
+            limit = min(d, drafted.get(req.request_id, self.k))
+            if len(req.spec_token_ids) > limit:
+                req.spec_token_ids = req.spec_token_ids[:limit]
         scheduled_at = time.perf_counter()
         out = stock_schedule()
         spec = out.scheduled_spec_decode_tokens
@@ -133,8 +151,13 @@ class DraftLengthController:
                 spec[req_id] = []
         drafts_next = self._drafts_next(d_want)
         setattr(out, DRAFTS_NEXT_ATTR, drafts_next)
-        self.cap = self.k if drafts_next else 0
         n_sched = len(out.num_scheduled_tokens)
+        # the drafter pass after this step drafts for exactly the scheduled requests
+        for req_id in scheduled:
+            drafted[req_id] = drafts_next
+        if len(drafted) > 2 * num_reqs + 64:  # finished requests
+            live = {r.request_id for r in running}
+            self._drafted = {r: n for r, n in drafted.items() if r in live}
         decode_only = (
             n_sched > 0
             and not out.scheduled_new_reqs
@@ -147,6 +170,8 @@ class DraftLengthController:
             self._pending[id(out)] = _Step(d, n_sched, scheduled_at, measurable)
             self.steps_by_length[d] = self.steps_by_length.get(d, 0) + 1
             self.rows_by_pass["query" if drafts_next else "context"] += n_sched
+            if 0 < drafts_next < self.k:
+                self.rows_by_pass["partial"] += n_sched
         return out
 
     def observe(self, scheduler_output: Any, model_runner_output: Any) -> None:

@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Context-only DFlash drafting steps (worker side of ``"draft_length": "adaptive"``).
 
-When the scheduler decides that the next step verifies no drafts, it says so on
-the scheduler output (``vllm_dflash_drafts_next = False``, see
-``core/adaptive_draft_length.py``). The drafter then skips its query pass (the
+The scheduler says on each scheduler output how many drafts the next step
+verifies at most (``vllm_dflash_drafts_next``, see
+``core/adaptive_draft_length.py``); the runner hands that number to the drafter
+(``NEXT_DRAFTS_ATTR``; ``spec_decode/partial_draft_head.py`` reads it too). At 0
+the drafter skips its query pass (the
 forward of the bonus token and the k mask tokens, the LM head and the argmax:
 at a large batch as costly as a target step over ``batch * (k + 1)`` tokens) and
 only stores the step's context: the target hidden states projected to the
@@ -23,10 +25,17 @@ import torch
 
 from vllm_dflash.core.adaptive_draft_length import DRAFTS_NEXT_ATTR
 from vllm_dflash.registry import V020, Patch, PatchKind, replace_attr
-from vllm_dflash.spec_decode.trace import QUERY_PASS_ATTR
 
 NAME = "dflash_context_only_pass"
 _ZEROS = "_vllm_dflash_zero_drafts"
+# On the drafter: the number of drafts the next step verifies at most (0: this
+# pass stores context only); absent or None: k (no adaptive draft length).
+NEXT_DRAFTS_ATTR = "_vllm_dflash_next_drafts"
+
+
+def next_drafts(drafter) -> int | None:
+    """Drafts the step after this drafting pass verifies at most (None: k)."""
+    return getattr(drafter, NEXT_DRAFTS_ATTR, None)
 
 
 def context_only(self, **kw) -> torch.Tensor:
@@ -73,13 +82,13 @@ def apply() -> None:
         if drafter is not None:
             setattr(
                 drafter,
-                QUERY_PASS_ATTR,
-                getattr(scheduler_output, DRAFTS_NEXT_ATTR, True),
+                NEXT_DRAFTS_ATTR,
+                getattr(scheduler_output, DRAFTS_NEXT_ATTR, None),
             )
         return stock_draft(self, scheduler_output, *args, **kwargs)
 
     def propose(self, *args, **kwargs):
-        if args or getattr(self, QUERY_PASS_ATTR, True):
+        if args or next_drafts(self) != 0:
             return stock_propose(self, *args, **kwargs)
         return context_only(self, **kwargs)
 

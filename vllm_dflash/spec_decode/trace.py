@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """``VLLM_DFLASH_TRACE``: one JSON line per request per DFlash drafting step.
 
-Record: ``{"request_id", "num_tokens", "last_token_ids", "draft_token_ids"}``,
-where ``num_tokens`` is the length of the committed sequence including the
-newest token (the one that opens the draft block), ``last_token_ids`` its last
-min(4, num_tokens) tokens and ``draft_token_ids`` the k proposed tokens.
+Record: ``{"request_id", "num_tokens", "last_token_ids", "draft_token_ids",
+"block"}``, where ``num_tokens`` is the length of the committed sequence
+including the newest token (the one that opens the draft block),
+``last_token_ids`` its last min(4, num_tokens) tokens, ``block`` the drafter's
+block (k) and ``draft_token_ids`` the proposed tokens: all k, or the first ones
+the draft head computed (``spec_decode/partial_draft_head.py``).
 
 The hook is installed only when the variable is set, so it costs nothing
 otherwise; when set it copies a few small tensors to the host once per step (a
@@ -35,8 +37,6 @@ from vllm_dflash.registry import (
 NAME = "dflash_trace"
 _RUNNER = "_vllm_dflash_runner"
 _HISTORY = "_vllm_dflash_history"
-# set by dflash_context_only_pass: False when this step's drafter pass drafts nothing
-QUERY_PASS_ATTR = "_vllm_dflash_query_pass"
 _lock = threading.Lock()
 
 
@@ -157,6 +157,9 @@ def apply() -> None:
     from vllm.distributed import parallel_state
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
+    from vllm_dflash.spec_decode.context_only_pass import next_drafts
+    from vllm_dflash.spec_decode.partial_draft_head import head_positions
+
     writer = TraceWriter(os.path.abspath(envs.trace_path()))
     stock_init = original(DFlashProposer.__init__)
     # wraps what is there (dflash_context_only_pass, applied first, decides
@@ -181,6 +184,9 @@ def apply() -> None:
             return drafts
         a = signature.bind(self, *args, **kwargs).arguments
         cad = a["common_attn_metadata"]
+        k = drafts.shape[-1]
+        # a partial draft head computed only the positions the next step verifies
+        n = head_positions(self) if next_drafts(self) else k
         records = collect_records(
             runner,
             getattr(self, _HISTORY),
@@ -189,12 +195,14 @@ def apply() -> None:
             a["next_token_ids"],
             cad.query_start_loc_cpu,
             a.get("num_rejected_tokens_gpu"),
-            drafts,
+            drafts[:, :n],
             cad.seq_lens,
         )
+        for r in records:
+            r["block"] = k
         # A context-only pass drafts nothing: its tokens still go to the history
         # (with asynchronous scheduling the runner's token table lags behind).
-        if getattr(self, QUERY_PASS_ATTR, True):
+        if next_drafts(self) != 0:
             writer.write(records)
         return drafts
 

@@ -85,14 +85,26 @@ def _commit_kernel(
     b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
     b_decay = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+    # record j + 1 is loaded while record j is applied: the loads leave the
+    # recurrence's critical path (the arithmetic is unchanged)
+    n_k = tl.load(base + K_OFF + i_h * K + o_k, mask=mask_k, other=0)
+    n_v = tl.load(base + V_OFF + i_hv * V + o_v, mask=mask_v, other=0)
+    n_a = tl.load(base + A_OFF + i_hv)
+    n_b = tl.load(base + B_OFF + i_hv)
     for j in range(0, count):
-        b_k = tl.load(base + K_OFF + (j * H + i_h) * K + o_k, mask=mask_k, other=0)
-        b_v = tl.load(base + V_OFF + (j * HV + i_hv) * V + o_v, mask=mask_v, other=0)
-        b_a = tl.load(base + A_OFF + j * HV + i_hv).to(tl.float32)
-        b_b = tl.load(base + B_OFF + j * HV + i_hv).to(tl.float32)
+        b_k, b_v, b_a, b_b = n_k, n_v, n_a, n_b
+        nxt = j + 1 < count
+        n_k = tl.load(
+            base + K_OFF + ((j + 1) * H + i_h) * K + o_k, mask=mask_k & nxt, other=0
+        )
+        n_v = tl.load(
+            base + V_OFF + ((j + 1) * HV + i_hv) * V + o_v, mask=mask_v & nxt, other=0
+        )
+        n_a = tl.load(base + A_OFF + (j + 1) * HV + i_hv, mask=nxt, other=0)
+        n_b = tl.load(base + B_OFF + (j + 1) * HV + i_hv, mask=nxt, other=0)
         b_h, b_k = _delta_step(
-            b_h, b_k.to(tl.float32), b_v.to(tl.float32), b_a, b_b, b_decay, b_dt,
-            threshold, L2NORM,
+            b_h, b_k.to(tl.float32), b_v.to(tl.float32), b_a.to(tl.float32),
+            b_b.to(tl.float32), b_decay, b_dt, threshold, L2NORM,
         )  # fmt: skip
     tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
 
@@ -151,13 +163,23 @@ def _verify_kernel(
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
     writes_key = (i_v == 0) & (i_hv % (HV // H) == 0)
     ring_ty = ring.dtype.element_ty
-    for t in range(0, tl.minimum(seq_len, R)):
+    n_tok = tl.minimum(seq_len, R)
+    # token t + 1's inputs are loaded while token t is computed: the loads leave
+    # the recurrence's critical path (the arithmetic is unchanged)
+    n_q = tl.load(q + (bos * H + i_h) * K + o_k, mask=mask_k, other=0)
+    n_k = tl.load(k + (bos * H + i_h) * K + o_k, mask=mask_k, other=0)
+    n_v = tl.load(v + (bos * HV + i_hv) * V + o_v, mask=mask_v, other=0)
+    n_a = tl.load(a + bos * HV + i_hv)
+    n_b = tl.load(b + bos * HV + i_hv)
+    for t in range(0, n_tok):
         tok = bos + t
-        r_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=mask_k, other=0)
-        r_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=mask_k, other=0)
-        r_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=mask_v, other=0)
-        r_a = tl.load(a + tok * HV + i_hv)
-        r_b = tl.load(b + tok * HV + i_hv)
+        r_q, r_k, r_v, r_a, r_b = n_q, n_k, n_v, n_a, n_b
+        nxt = t + 1 < n_tok
+        n_q = tl.load(q + ((tok + 1) * H + i_h) * K + o_k, mask=mask_k & nxt, other=0)
+        n_k = tl.load(k + ((tok + 1) * H + i_h) * K + o_k, mask=mask_k & nxt, other=0)
+        n_v = tl.load(v + ((tok + 1) * HV + i_hv) * V + o_v, mask=mask_v & nxt, other=0)
+        n_a = tl.load(a + (tok + 1) * HV + i_hv, mask=nxt, other=0)
+        n_b = tl.load(b + (tok + 1) * HV + i_hv, mask=nxt, other=0)
         b_h, _ = _delta_step(
             b_h, r_k.to(tl.float32), r_v.to(tl.float32), r_a.to(tl.float32),
             r_b.to(tl.float32), b_decay, b_dt, threshold, L2NORM,
