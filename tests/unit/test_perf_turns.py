@@ -53,7 +53,8 @@ def _run(tmp_path, tag: str, delays: dict, die: dict) -> list[tuple[str, str, st
     for p in procs:
         p.join(60)
         assert p.exitcode is not None, "a peer hung"
-    rows = [line.split(maxsplit=1) for line in open(log).read().splitlines()]
+    with open(log) as fh:
+        rows = [line.split(maxsplit=1) for line in fh.read().splitlines()]
     rows.sort(key=lambda r: float(r[0]))
     return [tuple(r[1].split()) for r in rows]
 
