@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import needed_here
 from tests.helpers.equivalence import compare
+from tests.helpers.patch_log import applied_by_process
 from tests.helpers.reference import Reference
 
 pytestmark = pytest.mark.cpu_e2e
@@ -61,11 +62,7 @@ def test_patches_active_in_worker_process(offline, baseline):
     assert run.ok, run.log[-4000:]
     # register() ran in the spawned worker, not only in the parent; worker-side
     # patches were applied there when the worker imported their modules.
-    applied: dict[str, set[str]] = {}
-    for m in re.finditer(
-        r"vllm-dflash .* in ([\w-]+)\[\d+\]: .*?applied ([\w, ]+)", run.log
-    ):
-        applied.setdefault(m.group(1), set()).update(m.group(2).split(", "))
+    applied = applied_by_process(run.log)
     workers = {k: v for k, v in applied.items() if k.startswith("VllmWorker")}
     assert workers, f"no vllm-dflash INFO line from a worker process: {applied}"
     names = next(iter(workers.values()))

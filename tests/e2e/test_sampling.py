@@ -36,13 +36,13 @@ vs BUDGET: generate 14.9 vs 14.1 s with DFlash, 6.4 vs 6.3 s without; engine sta
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
 
 from tests.helpers import sampling_check as sc
 from tests.helpers.marginals import Target
+from tests.helpers.patch_log import applied_by_process
 
 pytestmark = pytest.mark.cpu_e2e
 
@@ -91,7 +91,11 @@ def result(tmp_path_factory):
         )
         times[engine] = round(time.monotonic() - t0, 1)
         (work / f"{engine}.log").write_text(log)
-        applied[engine] = _applied_in_engine(log)
+        applied[engine] = sorted(
+            set().union(
+                *(v for p, v in applied_by_process(log).items() if p != "MainProcess")
+            )
+        )
         assert rc == 0 and data, f"{engine} engine failed:\n{log[-4000:]}"
         runs[engine] = data
     t0 = time.monotonic()
@@ -106,17 +110,6 @@ def result(tmp_path_factory):
     (work / "report.json").write_text(json.dumps(report, indent=1))
     print(f"sampling report: {work / 'report.json'}; times {times}")
     return report
-
-
-def _applied_in_engine(log: str) -> list[str]:
-    """Patch names the engine's processes (engine core, workers; not the front
-    end) logged as applied (the registry's INFO lines)."""
-    names = []
-    for line in log.splitlines():
-        m = re.search(r" in ([\w-]+)\[\d+\]: (?:.*, )?applied (.*)", line)
-        if m and m.group(1) != "MainProcess":
-            names += [n.strip() for n in m.group(2).split(";")[0].split(",")]
-    return names
 
 
 def _failed(result, kind: str) -> list[dict]:

@@ -198,6 +198,15 @@ class FakeScheduler:
         return out
 
 
+def scripted_policy(wants: list[int], candidates: tuple[int, ...]) -> SimpleNamespace:
+    """A policy that wants the given lengths in turn and learns nothing."""
+    it = iter(wants)
+    return SimpleNamespace(
+        choose=lambda n: next(it), candidates=candidates, buckets={},
+        observe_step=lambda *a: None, observe_acceptance=lambda *a: None,
+    )  # fmt: skip
+
+
 def test_controller_trims_and_keeps_zero_length_decodes_speculative():
     sched = FakeScheduler(3, 4)
     ctl = adl.DraftLengthController(sched, 4, forced=(2, 0, 0, 4, 3))
@@ -221,11 +230,7 @@ def test_controller_caps_after_a_context_only_pass():
     """The policy may want drafts again at once; the step after a context-only
     pass has none to verify, so it verifies 0 and asks for drafts."""
     sched = FakeScheduler(2, 4)
-    wants = iter([0, 4, 4])
-    policy = SimpleNamespace(
-        choose=lambda n: next(wants), candidates=(0, 4), buckets={},
-        observe_step=lambda *a: None, observe_acceptance=lambda *a: None,
-    )  # fmt: skip
+    policy = scripted_policy([0, 4, 4], (0, 4))
     ctl = adl.DraftLengthController(sched, 4, policy=policy)
     out = ctl.schedule(sched.stock_schedule)
     assert getattr(out, adl.DRAFTS_NEXT_ATTR) == 0
@@ -240,11 +245,7 @@ def test_controller_caps_at_what_the_drafter_was_told():
     """A longer length than the drafter's head computed waits one step: the
     positions past it are zeros that no step may verify."""
     sched = FakeScheduler(2, 8)
-    wants = iter([2, 6, 6, 6])
-    policy = SimpleNamespace(
-        choose=lambda n: next(wants), candidates=(2, 6, 8), buckets={},
-        observe_step=lambda *a: None, observe_acceptance=lambda *a: None,
-    )  # fmt: skip
+    policy = scripted_policy([2, 6, 6, 6], (2, 6, 8))
     ctl = adl.DraftLengthController(sched, 8, policy=policy)
     outs = [ctl.schedule(sched.stock_schedule) for _ in range(4)]
     lengths = [{len(v) for v in o.scheduled_spec_decode_tokens.values()} for o in outs]
@@ -256,11 +257,7 @@ def test_controller_caps_each_request_at_its_own_drafter_pass():
     """A request that sat out a step holds the drafts of an older pass (zeros
     after what that pass's head computed): it is never verified past them."""
     sched = FakeScheduler(2, 4)
-    wants = iter([1, 4, 4])
-    policy = SimpleNamespace(
-        choose=lambda n: next(wants), candidates=(1, 4), buckets={},
-        observe_step=lambda *a: None, observe_acceptance=lambda *a: None,
-    )  # fmt: skip
+    policy = scripted_policy([1, 4, 4], (1, 4))
     ctl = adl.DraftLengthController(sched, 4, policy=policy)
     ctl.schedule(sched.stock_schedule)  # both: the next pass drafts 1
     out = ctl.schedule(lambda: sched.stock_schedule(sit_out=("r1",)))

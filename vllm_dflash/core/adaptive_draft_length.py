@@ -126,27 +126,24 @@ class DraftLengthController:
         num_reqs = len(running)
         d_want = self._want(num_reqs)
         drafted = self._drafted
-        with_drafts = [r for r in running if r.spec_token_ids]
-        d = min(
-            d_want,
-            max(
-                (drafted.get(r.request_id, self.k) for r in with_drafts), default=d_want
-            ),
-        )
-        had_drafts: list[str] = []
-        for req in with_drafts:
-            had_drafts.append(req.request_id)
-            # never past what this request's drafter pass computed
-            limit = min(d, drafted.get(req.request_id, self.k))
-            if len(req.spec_token_ids) > limit:
-                req.spec_token_ids = req.spec_token_ids[:limit]
+        # each request with drafts, and how many its drafter pass computed
+        caps = {
+            r.request_id: drafted.get(r.request_id, self.k)
+            for r in running
+            if r.spec_token_ids
+        }
+        d = min(d_want, max(caps.values(), default=d_want))
+        for req in running:
+            cap = caps.get(req.request_id)
+            if cap is not None and len(req.spec_token_ids) > min(d, cap):
+                req.spec_token_ids = req.spec_token_ids[: min(d, cap)]
         scheduled_at = time.perf_counter()
         out = stock_schedule()
         spec = out.scheduled_spec_decode_tokens
         # A decode left with 0 drafts (by d == 0, or by the token budget) stays
         # speculative: an empty list, not absent (module docstring, step 3).
         scheduled = out.num_scheduled_tokens
-        for req_id in had_drafts:
+        for req_id in caps:
             if req_id not in spec and scheduled.get(req_id) == 1:
                 spec[req_id] = []
         drafts_next = self._drafts_next(d_want)

@@ -60,9 +60,11 @@ def apply() -> None:
         return
 
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        k = self.num_speculative_tokens
         d = next_drafts(self)
-        if d is None or not 0 < d < k or hidden_states.shape[0] % k:
+        if d is None:  # no adaptive draft length: vLLM's head, nothing else
+            return stock(self, hidden_states)
+        k = self.num_speculative_tokens
+        if not 0 < d < k or hidden_states.shape[0] % k:
             setattr(self, HEAD_POSITIONS_ATTR, k)
             return stock(self, hidden_states)
         setattr(self, HEAD_POSITIONS_ATTR, d)
