@@ -8,8 +8,11 @@ point, mean as a line), swa_context.png (draft milliseconds per step vs context
 length) and step_profile.png (where a DFlash step's time goes), plus
 perf_summary.json (median/mean per mode and plugin/stock ratios), for whichever
 of perf.jsonl / swa_context.jsonl exist there; step_trace.png (median GPU time
-per runner phase and idle, one bar per step_trace-*.json summary); and
-acceptance.png for a CPU acceptance benchmark (acceptance.json).
+per runner phase and idle, one bar per step_trace-*.json summary);
+acceptance.png for a CPU acceptance benchmark (acceptance.json); and for each
+call*-perf*.jsonl with no-speculation rows, <stem>-speedup.png: every DFlash
+batch's tokens/s over the mean of the no-speculation batches at its concurrency
+(points: batches, line: mean; the dashed line is 1.0).
 """
 
 from __future__ import annotations
@@ -86,6 +89,31 @@ def plot_profile(rows: list[dict], out: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+
+
+def plot_speedup(rows: list[dict], out: Path, title: str) -> None:
+    base: dict[int, list[float]] = defaultdict(list)
+    series: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if "tok_s" not in r:
+            continue
+        if r["mode"] == "base":
+            base[r["conc"]].append(r["tok_s"])
+        else:
+            series[r["mode"]][r["conc"]].append(r["tok_s"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, by_conc in sorted(series.items()):
+        xs = [c for c in sorted(by_conc) if base.get(c)]
+        ratios = {
+            c: [t / (sum(base[c]) / len(base[c])) for t in by_conc[c]] for c in xs
+        }
+        means = [sum(ratios[c]) / len(ratios[c]) for c in xs]
+        (line,) = ax.plot(xs, means, marker="o", label=name)
+        for c in xs:
+            ax.scatter([c] * len(ratios[c]), ratios[c], s=12, color=line.get_color())
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    _save_log2(fig, ax, out, "concurrency", "DFlash / no speculation (tokens/s)",
+               title, legend=8)  # fmt: skip
 
 
 def summarise_perf(rows: list[dict]) -> dict:
@@ -182,6 +210,12 @@ def main() -> int:
             },
             root / "step_trace.png",
         )
+    for f in sorted(root.glob("call*-perf*.jsonl")):
+        rows = _jsonl(f)
+        if any(r.get("mode") == "base" and "tok_s" in r for r in rows):
+            r0 = next(r for r in rows if "tok_s" in r)
+            title = f"{r0['pair']} pair, acceptance {r0['tau']}, {f.stem}"
+            plot_speedup(rows, root / f"{f.stem}-speedup.png", title)
     if (root / "acceptance.json").exists():
         plot_acceptance(
             json.loads((root / "acceptance.json").read_text()), root / "acceptance.png"

@@ -5,7 +5,7 @@
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU, PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
 # PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL,
-# PERF_TURN=DIR:MODE1,MODE2 (engines started together on one GPU, e.g. perf:base@0 perf:plugin@0, take turns batch by batch), PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
+# PERF_TURN=DIR:MODE1,MODE2 (engines started together on one GPU, e.g. perf:base@0 perf:plugin@0, take turns batch by batch; needs PERF_KV_GIB), PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
 # GPU_HYBRID sampling pair), SAMPLING_N), trace (step_trace.py:

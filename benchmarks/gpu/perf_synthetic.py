@@ -210,7 +210,7 @@ def random_prompts(rng: random.Random, n: int) -> list[dict]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "mode",
@@ -257,7 +257,11 @@ def main() -> None:
         "--profile", default=None,
         help="VLLM_DFLASH_PROFILE file: per-section step times (adds device syncs)",
     )  # fmt: skip
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.turn and not args.kv_cache_gib:
+        # engines that profile their memory at the same time count each other's
+        # allocations (session 14: the second of two 8B engines got 1.27 GiB)
+        ap.error("--turn needs --kv-cache-gib (a fixed KV cache for each engine)")
     turns = Turns(args.turn, args.mode, args.tag) if args.turn else None
     try:
         run(args, turns)

@@ -73,6 +73,36 @@ def test_policy_finds_the_best_length_per_batch_size(q):
     assert policy.describe()["buckets"][9]["current"] == 0  # 256: verify nothing
 
 
+def test_noisy_medians_do_not_make_a_longer_verify_look_cheaper():
+    """The H200's medians at 64-127 requests (session 14, acceptance 3.5: positions
+    1-2 accepted, 3 half the time, 4 never): with them taken as they are, 15 drafts
+    (30.7 ms) looked cheaper than 8 (56.7 ms) and the policy verified 15. Fitted
+    non-decreasing in d, the choice is 3 (3, 4 and 6 score the same: the shorter)."""
+    policy = DraftLengthPolicy(15, acceptance_decay=1.0)
+    n = 1000
+    policy.observe_acceptance(np.full(n, 15), np.array([2] * (n // 2) + [3] * (n // 2)))
+    medians_ms = {2: 31.44, 3: 32.843, 4: 32.594, 6: 32.171, 8: 56.719}
+    medians_ms |= {11: 54.2, 15: 30.737}
+    for d, ms in medians_ms.items():
+        for _ in range(3):
+            policy.observe_step(100, d, ms / 1e3)
+    for _ in range(policy.probe_samples):  # d = 1 and 0 measured: far worse
+        policy.observe_step(100, 1, 0.030)
+        policy.observe_step(100, 0, 0.029)
+    bucket = policy.buckets[7]
+    bucket.current = policy.candidates.index(6)
+    assert [policy.choose(100) for _ in range(5)] == [6] * 5
+
+
+def test_monotone_fit():
+    from vllm_dflash.core.draft_length_policy import monotone_fit
+
+    assert monotone_fit([1.0, 2.0, 3.0], [1, 1, 1]) == [1.0, 2.0, 3.0]
+    assert monotone_fit([1.0, 3.0, 2.0], [1, 1, 1]) == [1.0, 2.5, 2.5]
+    assert monotone_fit([4.0, 1.0], [3, 1]) == [3.25, 3.25]
+    assert monotone_fit([], []) == []
+
+
 def test_acceptance_counts_only_verified_positions():
     policy = DraftLengthPolicy(4, acceptance_decay=1.0)
     # two requests with 4 drafts: one accepted 2 (position 3 rejected, 4 never

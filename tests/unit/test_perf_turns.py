@@ -77,3 +77,22 @@ def test_a_killed_peer_is_passed_and_rounds_are_separate(tmp_path):
     # rep2 waited for plugin's readiness despite rep1's files; then base died
     # before its second batch and plugin went on alone
     assert starts == [("base", "0"), ("plugin", "0"), ("plugin", "1"), ("plugin", "2")]
+
+
+def test_turn_needs_a_fixed_kv_cache(tmp_path, capsys):
+    """Two engines sizing their KV cache from a memory profile at the same time
+    count each other's allocations: --turn without --kv-cache-gib is refused."""
+    import pytest
+
+    from benchmarks.gpu.perf_synthetic import main
+
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "adaptive",
+                str(tmp_path / "p.jsonl"),
+                "--turn",
+                f"{tmp_path}:base,adaptive",
+            ]
+        )
+    assert "--turn needs --kv-cache-gib" in capsys.readouterr().err

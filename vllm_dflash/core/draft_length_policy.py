@@ -24,7 +24,11 @@ than ``margin`` (a tie keeps the current length), and
 every ``reprobe_every`` measured steps the other lengths are measured again the
 same way (context lengths grow, the traffic changes). Step times are medians of
 the last few samples, so a slow outlier (a kernel compiled on first use) does
-not decide the length.
+not decide the length, and they are fitted non-decreasing in ``d`` (a step that
+verifies more tokens cannot be cheaper; weighted pool-adjacent-violators): on
+the H200 a few noisy medians made 15 drafts look cheaper than 8 at 64 requests
+and the policy wandered between 4, 6 and 15 (``benchmarks/results/h200-2026-12-02-s14``).
+Of lengths that score the same, the shorter is kept.
 
 The scheduler asks :meth:`choose` once per step and reports each finished step
 with :meth:`observe_step` and :meth:`observe_acceptance`; nothing here touches
@@ -47,6 +51,19 @@ def default_candidates(k: int) -> tuple[int, ...]:
 def bucket_of(num_reqs: int) -> int:
     """Batch-size bucket: 1, 2-3, 4-7, ... share a bucket."""
     return max(1, num_reqs).bit_length()
+
+
+def monotone_fit(values: list[float], weights: list[int]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least
+    squares (pool adjacent violators): step times in order of draft length."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, float(max(w, 1)), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(int(n))]
 
 
 @dataclass
@@ -137,29 +154,44 @@ class DraftLengthPolicy:
         return 1.0 + float(np.cumprod(self.conditional_rates()[:d]).sum())
 
     # -- choice -------------------------------------------------------------
-    def _score(self, bucket: _Bucket, i: int) -> float | None:
-        cost = bucket.costs.get(self.candidates[i])
-        if cost is None or cost.samples < self.probe_samples or cost.seconds <= 0:
-            return None
-        return self.expected_tokens(self.candidates[i]) / cost.seconds
+    def _scores(self, bucket: _Bucket) -> list[float | None]:
+        """Per candidate: ``E(d) / step_time(d)``, or None while it has fewer than
+        ``probe_samples`` samples. The measured times are fitted non-decreasing
+        in ``d`` first (:func:`monotone_fit`)."""
+        measured = [
+            (i, cost)
+            for i, d in enumerate(self.candidates)
+            if (cost := bucket.costs.get(d)) is not None
+            and cost.samples >= self.probe_samples
+            and cost.seconds > 0
+        ]
+        fitted = monotone_fit(
+            [c.seconds for _, c in measured], [len(c.recent) for _, c in measured]
+        )
+        gains = np.concatenate(
+            ([1.0], 1.0 + np.cumprod(self.conditional_rates()).cumsum())
+        )
+        scores: list[float | None] = [None] * len(self.candidates)
+        for (i, _), t in zip(measured, fitted, strict=True):
+            scores[i] = float(gains[self.candidates[i]]) / t
+        return scores
 
     def _start_index(self, b: int) -> int:
         """Best measured index of the nearest bucket with data, else k's."""
         known = [
             (abs(other - b), other)
             for other, bk in self.buckets.items()
-            if other != b and bk.current >= 0 and self._score(bk, bk.current)
+            if other != b and bk.current >= 0 and self._scores(bk)[bk.current]
         ]
         if not known:
             return len(self.candidates) - 1
         return self.buckets[min(known)[1]].current
 
-    def _next_probe(self, bucket: _Bucket) -> int | None:
+    def _next_probe(self, bucket: _Bucket, scores: list[float | None]) -> int | None:
         """An unmeasured candidate worth a probe: walking away from the current
         length in each direction, past every candidate not clearly worse than the
         best measured (a flat stretch may hide a better length behind it)."""
         cur = bucket.current
-        scores = [self._score(bucket, i) for i in range(len(self.candidates))]
         best = max(s for s in scores if s is not None)
         for step in (-1, 1):
             i = cur + step
@@ -180,11 +212,13 @@ class DraftLengthPolicy:
         if bucket.current < 0:
             bucket.current = self._start_index(b)
         if bucket.probing is not None:
-            if self._score(bucket, bucket.probing) is None:
+            cost = bucket.costs.get(self.candidates[bucket.probing])
+            if cost is None or cost.samples < self.probe_samples:
                 return self.candidates[bucket.probing]
             bucket.probing = None
         cur = bucket.current
-        here = self._score(bucket, cur)
+        scores = self._scores(bucket)
+        here = scores[cur]
         if here is None:
             return self.candidates[cur]
         if bucket.steps - bucket.last_reprobe >= self.reprobe_every:
@@ -193,17 +227,15 @@ class DraftLengthPolicy:
             bucket.last_reprobe = bucket.steps
             keep = self.candidates[cur]
             bucket.costs = {keep: bucket.costs[keep]}
-        probe = self._next_probe(bucket)
+            scores = self._scores(bucket)
+        probe = self._next_probe(bucket, scores)
         if probe is not None:
             bucket.probing = probe
             return self.candidates[probe]
         # every candidate worth measuring is measured: move if clearly better
-        scored = [
-            (s, i)
-            for i in range(len(self.candidates))
-            if (s := self._score(bucket, i)) is not None
-        ]
-        best, i = max(scored)
+        # (of equal scores, the shorter length)
+        best, i = max((s, -i) for i, s in enumerate(scores) if s is not None)
+        i = -i
         if best > here * (1.0 + self.margin):
             bucket.current = i
         return self.candidates[bucket.current]
