@@ -50,8 +50,11 @@ def patched_copy(version: str, dest: Path) -> Path:
             if rel in copied:  # an earlier diff already changed this file
                 continue
             target = dest / rel
-            target.unlink()
-            shutil.copy2(src.parent / rel, target)  # never write through a hard link
+            if target.exists():  # a file the diff creates does not exist yet
+                target.unlink()
+                shutil.copy2(
+                    src.parent / rel, target
+                )  # never write through a hard link
             copied.add(rel)
         res = run_patch(diff, dest, dry_run=False)
         if res.returncode != 0:

@@ -244,7 +244,10 @@ PATCH = Patch(
         "vLLM builds it for each of the 10 GDN groups of Qwen3.6-27B: ~10 ms of host "
         "time per DFlash step on an H200 while the GPU waits."
     ),
-    upstream="none (vLLM's attention backends use update_block_table; GDN does not)",
+    upstream=(
+        "none (vLLM's attention backends use update_block_table; GDN does not); "
+        "our diff: patches/v0.20.1/0016-gdn-shared-metadata.diff"
+    ),
     versions=V020_ONLY,  # the 0.20.x GDN layer, builder and runner
     platforms=("cuda", "cpu"),
     probe=probe,

@@ -45,6 +45,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -439,7 +440,14 @@ def _apply_piece(piece: str) -> None:
 
 
 def probe() -> bool:
-    """vLLM reserves 1 + k state pages per speculative request."""
+    """vLLM reserves 1 + k state pages per speculative request, and has no GDN
+    state replay of its own (the module ``patches/v0.20.1/0017`` adds: looked
+    for as a file, nothing imported)."""
+    import vllm
+
+    ops = os.path.join(os.path.dirname(vllm.__file__), "model_executor", "layers")
+    if os.path.exists(os.path.join(ops, "mamba", "ops", "gdn_replay.py")):
+        return False
     from vllm.v1.kv_cache_interface import MambaSpec
 
     spec = MambaSpec(
@@ -504,11 +512,17 @@ PATCH = Patch(
         "vLLM's 1 + k copies per request (16 at k = 15) cut the requests a GPU holds: "
         "26.9 vs 111.3 concurrent 8k requests on the Qwen3.6-27B-shaped pair (H200)."
     ),
-    upstream="none merged (related, open: vllm-project/vllm#49887 ReplaySSM)",
+    upstream=(
+        "none merged (related, open: vllm-project/vllm#49887 ReplaySSM); our diff: "
+        "patches/v0.20.1/0017-gdn-state-replay.diff"
+    ),
     versions=V020_ONLY,  # the 0.20.x GDN layer, builder and runner
     platforms=("cuda", "cpu"),
     probe=probe,
     apply=apply,
     future="Drop when vLLM keeps one GDN state per speculative request.",
-    probe_false_reason="vLLM no longer reserves 1 + k GDN state pages per request",
+    probe_false_reason=(
+        "vLLM no longer reserves 1 + k GDN state pages per request, or replays "
+        "GDN states itself"
+    ),
 )

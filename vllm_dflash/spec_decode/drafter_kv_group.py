@@ -140,8 +140,14 @@ def _applies(runner: Any) -> bool:
 
 
 def probe() -> bool:
-    """vLLM groups layers by spec equality: equal bytes, other heads = other type."""
+    """vLLM groups layers by spec equality (equal bytes, other heads = other
+    type) and does not merge the DFlash drafter's layers itself (the function
+    ``patches/v0.20.1/0018`` adds)."""
+    import vllm.v1.worker.utils as worker_utils
     from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    if hasattr(worker_utils, "share_drafter_kv_cache_group"):
+        return False
 
     a = FullAttentionSpec(
         block_size=16, num_kv_heads=4, head_size=256, dtype=torch.bfloat16
@@ -267,11 +273,17 @@ PATCH = Patch(
         "layer count: on Qwen3.6-27B 4 padding layers (25% of attention KV) and "
         "fewer concurrent requests."
     ),
-    upstream="none (vLLM groups layers by exact spec equality)",
+    upstream=(
+        "none (vLLM groups layers by exact spec equality); our diff: "
+        "patches/v0.20.1/0018-drafter-kv-shared-group.diff"
+    ),
     versions=V020_ONLY,
     platforms=("cuda", "cpu"),
     probe=probe,
     apply=apply,
     future="Propose upstream: group attention specs by page layout, not head shape.",
-    probe_false_reason="vLLM already groups specs of equal bytes per token",
+    probe_false_reason=(
+        "vLLM already groups specs of equal bytes per token, or merges the drafter's "
+        "layers itself"
+    ),
 )
