@@ -117,7 +117,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           grep -m1 -o "GPU KV cache size: .*" "$log" | sed "s/^/[$mode] /"
           grep -m1 -o "Available KV cache memory: .*" "$log" | sed "s/^/[$mode] /"
           grep -m1 -o "DFlash drafter KV in the target.*" "$log" | sed "s/^/[$mode] /"
-          grep -m3 -o "Traceback.*\|Error: .*" "$log" | sed "s/^/[$mode] /"
+          grep -m3 -o "Traceback.*\|Error: .*\|error: .*" "$log" | sed "s/^/[$mode] /"
           grep -o "Estimated CUDA graph memory.*\|CUDA graph pool memory.*\|init engine .*" "$log" | sed "s/^/[$mode] /"
           cp "$W/perf.jsonl" "$OUT/perf.jsonl" 2>/dev/null
         done

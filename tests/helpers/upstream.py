@@ -50,11 +50,11 @@ def patched_copy(version: str, dest: Path) -> Path:
             if rel in copied:  # an earlier diff already changed this file
                 continue
             target = dest / rel
-            if target.exists():  # a file the diff creates does not exist yet
+            # a real copy, never written through a hard link (a file the diff
+            # creates is not there yet: patch creates it)
+            if target.exists():
                 target.unlink()
-                shutil.copy2(
-                    src.parent / rel, target
-                )  # never write through a hard link
+                shutil.copy2(src.parent / rel, target)
             copied.add(rel)
         res = run_patch(diff, dest, dry_run=False)
         if res.returncode != 0:

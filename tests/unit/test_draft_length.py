@@ -77,7 +77,8 @@ def test_noisy_medians_do_not_make_a_longer_verify_look_cheaper():
     """The H200's medians at 64-127 requests (session 14, acceptance 3.5: positions
     1-2 accepted, 3 half the time, 4 never): with them taken as they are, 15 drafts
     (30.7 ms) looked cheaper than 8 (56.7 ms) and the policy verified 15. Fitted
-    non-decreasing in d, the choice is 3 (3, 4 and 6 score the same: the shorter)."""
+    non-decreasing in d, 3, 4 and 6 cost the same (32.5 ms); their scores differ by
+    the prior's acceptance of positions 4-6 (< 0.1%), and the shortest, 3, is taken."""
     policy = DraftLengthPolicy(15, acceptance_decay=1.0)
     n = 1000
     policy.observe_acceptance(np.full(n, 15), np.array([2] * (n // 2) + [3] * (n // 2)))
@@ -89,9 +90,24 @@ def test_noisy_medians_do_not_make_a_longer_verify_look_cheaper():
     for _ in range(policy.probe_samples):  # d = 1 and 0 measured: far worse
         policy.observe_step(100, 1, 0.030)
         policy.observe_step(100, 0, 0.029)
-    bucket = policy.buckets[7]
-    bucket.current = policy.candidates.index(6)
-    assert [policy.choose(100) for _ in range(5)] == [6] * 5
+    policy.buckets[7].current = policy.candidates.index(15)  # k, as at start-up
+    assert [policy.choose(100) for _ in range(5)] == [3] * 5
+
+
+def test_shortest_of_near_equal_scores_and_hysteresis():
+    """Lengths within 1% of the best score: the shortest. A length that is not
+    clearly (margin) better than the current one does not move it."""
+    policy = DraftLengthPolicy(4, candidates=(0, 1, 2, 3, 4), acceptance_decay=1.0)
+    policy.observe_acceptance(np.full(100, 4), np.full(100, 1))  # 1 accepted
+    # E(1) = 1.99, E(2..4) ~ 2.0: same time for 1..4 -> within 1%: 1
+    for d, ms in {0: 30.0, 1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0}.items():
+        for _ in range(3):
+            policy.observe_step(8, d, ms / 1e3)
+    bucket = policy.buckets[4]
+    bucket.current = 4
+    assert policy.choose(8) == 4  # 1 is not 3% better than 4: stay
+    bucket.current = 0
+    assert policy.choose(8) == 1  # from 0 (far worse): the shortest near-best
 
 
 def test_monotone_fit():
@@ -100,6 +116,9 @@ def test_monotone_fit():
     assert monotone_fit([1.0, 2.0, 3.0], [1, 1, 1]) == [1.0, 2.0, 3.0]
     assert monotone_fit([1.0, 3.0, 2.0], [1, 1, 1]) == [1.0, 2.5, 2.5]
     assert monotone_fit([4.0, 1.0], [3, 1]) == [3.25, 3.25]
+    assert monotone_fit([3.0, 2.0, 1.0], [1, 1, 1]) == [2.0, 2.0, 2.0]
+    assert monotone_fit([1.0, 4.0, 2.0, 0.0], [1, 1, 1, 1]) == [1.0, 2.0, 2.0, 2.0]
+    assert monotone_fit([2.0, 1.0], [0, 1]) == [1.5, 1.5]  # weight floor 1
     assert monotone_fit([], []) == []
 
 

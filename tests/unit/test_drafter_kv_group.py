@@ -103,3 +103,14 @@ def test_own_spec_keeps_everything_but_heads():
     assert (own.num_kv_heads, own.head_size, own.block_size) == (8, 128, 544)
     assert own.page_size_bytes == group.page_size_bytes
     assert g.probe()
+
+
+def test_probe_sees_a_vllm_that_merges_itself(monkeypatch):
+    """patches/v0.20.1/0018 adds share_drafter_kv_cache_group: not needed there."""
+    import vllm.v1.worker.utils as worker_utils
+
+    assert g.probe()
+    monkeypatch.setattr(
+        worker_utils, "share_drafter_kv_cache_group", lambda *a: None, raising=False
+    )
+    assert not g.probe()

@@ -127,3 +127,16 @@ def test_layout_sizes_of_the_27b_shapes():
     assert 0.16 < ring_bytes / state_bytes < 0.18
     tp2 = gdn_replay.ring_layout(15, 16, 48, 128, 128, tp_size=2)
     assert tp2.num_k_heads == 8 and tp2.num_v_heads == 24
+
+
+def test_probe_sees_a_vllm_that_replays_itself(monkeypatch):
+    """patches/v0.20.1/0017 adds use_gdn_state_replay: not needed there."""
+    from vllm.model_executor.layers.mamba import mamba_utils
+
+    from vllm_dflash.layers import gdn_state_replay
+
+    assert gdn_state_replay.probe()
+    monkeypatch.setattr(
+        mamba_utils, "use_gdn_state_replay", lambda *a: True, raising=False
+    )
+    assert not gdn_state_replay.probe()

@@ -86,13 +86,8 @@ def test_turn_needs_a_fixed_kv_cache(tmp_path, capsys):
 
     from benchmarks.gpu.perf_synthetic import main
 
-    with pytest.raises(SystemExit):
-        main(
-            [
-                "adaptive",
-                str(tmp_path / "p.jsonl"),
-                "--turn",
-                f"{tmp_path}:base,adaptive",
-            ]
-        )
+    argv = ["adaptive", str(tmp_path / "p.jsonl"), "--root", str(tmp_path)]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--turn", f"{tmp_path}:base,adaptive"])
+    assert exc.value.code == 2  # argparse's error: nothing started
     assert "--turn needs --kv-cache-gib" in capsys.readouterr().err

@@ -28,7 +28,9 @@ not decide the length, and they are fitted non-decreasing in ``d`` (a step that
 verifies more tokens cannot be cheaper; weighted pool-adjacent-violators): on
 the H200 a few noisy medians made 15 drafts look cheaper than 8 at 64 requests
 and the policy wandered between 4, 6 and 15 (``benchmarks/results/h200-2026-12-02-s14``).
-Of lengths that score the same, the shorter is kept.
+Of lengths that score within 1% of the best (with fitted times, a block of
+lengths that cost the same differs only by the acceptance of its last positions),
+the shortest is taken.
 
 The scheduler asks :meth:`choose` once per step and reports each finished step
 with :meth:`observe_step` and :meth:`observe_acceptance`; nothing here touches
@@ -51,6 +53,9 @@ def default_candidates(k: int) -> tuple[int, ...]:
 def bucket_of(num_reqs: int) -> int:
     """Batch-size bucket: 1, 2-3, 4-7, ... share a bucket."""
     return max(1, num_reqs).bit_length()
+
+
+TIE = 0.01  # scores this close to the best: the shortest such length wins
 
 
 def monotone_fit(values: list[float], weights: list[int]) -> list[float]:
@@ -232,11 +237,13 @@ class DraftLengthPolicy:
         if probe is not None:
             bucket.probing = probe
             return self.candidates[probe]
-        # every candidate worth measuring is measured: move if clearly better
-        # (of equal scores, the shorter length)
-        best, i = max((s, -i) for i, s in enumerate(scores) if s is not None)
-        i = -i
-        if best > here * (1.0 + self.margin):
+        # every candidate worth measuring is measured: the shortest length
+        # within TIE of the best score; move there if clearly better
+        best = max(s for s in scores if s is not None)
+        i = next(
+            j for j, s in enumerate(scores) if s is not None and s >= best * (1 - TIE)
+        )
+        if scores[i] > here * (1.0 + self.margin):
             bucket.current = i
         return self.candidates[bucket.current]
 

@@ -45,7 +45,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -441,14 +440,14 @@ def _apply_piece(piece: str) -> None:
 
 def probe() -> bool:
     """vLLM reserves 1 + k state pages per speculative request, and has no GDN
-    state replay of its own (the module ``patches/v0.20.1/0017`` adds: looked
-    for as a file, nothing imported)."""
-    import vllm
-
-    ops = os.path.join(os.path.dirname(vllm.__file__), "model_executor", "layers")
-    if os.path.exists(os.path.join(ops, "mamba", "ops", "gdn_replay.py")):
-        return False
+    state replay of its own (``use_gdn_state_replay``, which
+    ``patches/v0.20.1/0017`` adds to ``mamba_utils``: the probe's trigger module,
+    already imported)."""
+    from vllm.model_executor.layers.mamba import mamba_utils
     from vllm.v1.kv_cache_interface import MambaSpec
+
+    if hasattr(mamba_utils, "use_gdn_state_replay"):
+        return False
 
     spec = MambaSpec(
         shapes=((4,),), dtypes=(torch.float32,), block_size=1, num_speculative_blocks=3
