@@ -53,9 +53,13 @@ def _bench(base_url: str, model: str, tmp_path) -> dict:
 def _unexpected_tracebacks(log: str) -> list[str]:
     """Tracebacks in a server log, minus the known shutdown noise after Ctrl-C
     (SIGINT to the process group): the worker's SystemExit from vLLM's signal
-    handler and, with PyPI's CUDA torch on CPU, its search for an NVIDIA driver."""
+    handler, with PyPI's CUDA torch on CPU its search for an NVIDIA driver, and
+    the engine core's "Executor failed." when the front end's last request of its
+    shutdown arrives after the worker has already exited (a race of the signal,
+    seen once in 2026-12-02's CI). An executor that failed while serving fails the
+    requests the tests check before the shutdown."""
     blocks = log.split("Traceback (most recent call last):")[1:]
-    noise = ("SystemExit", "Found no NVIDIA driver")
+    noise = ("SystemExit", "Found no NVIDIA driver", 'RuntimeError("Executor failed.")')
     return [b[:3000] for b in blocks if not any(n in b for n in noise)]
 
 
