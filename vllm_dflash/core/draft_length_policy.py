@@ -154,9 +154,16 @@ class DraftLengthPolicy:
     def conditional_rates(self) -> np.ndarray:
         return self.accepted / self.tried
 
+    def _expected(self) -> np.ndarray:
+        """E(0..k): entry d is the tokens one request commits in a step that
+        verifies ``d`` drafts."""
+        return np.concatenate(
+            ([1.0], 1.0 + np.cumprod(self.conditional_rates()).cumsum())
+        )
+
     def expected_tokens(self, d: int) -> float:
         """E(d): tokens one request commits in a step that verifies ``d`` drafts."""
-        return 1.0 + float(np.cumprod(self.conditional_rates()[:d]).sum())
+        return float(self._expected()[d])
 
     # -- choice -------------------------------------------------------------
     def _scores(self, bucket: _Bucket) -> list[float | None]:
@@ -173,9 +180,7 @@ class DraftLengthPolicy:
         fitted = monotone_fit(
             [c.seconds for _, c in measured], [len(c.recent) for _, c in measured]
         )
-        gains = np.concatenate(
-            ([1.0], 1.0 + np.cumprod(self.conditional_rates()).cumsum())
-        )
+        gains = self._expected()
         scores: list[float | None] = [None] * len(self.candidates)
         for (i, _), t in zip(measured, fitted, strict=True):
             scores[i] = float(gains[self.candidates[i]]) / t
