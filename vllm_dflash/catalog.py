@@ -41,6 +41,7 @@ from vllm_dflash.spec_decode import (
     partial_draft_head,
     prefill_alias,
     query_buffers,
+    short_draft_block,
     sliding_window,
     step_profile,
     tp_graph_replay,
@@ -90,6 +91,7 @@ PATCHES: tuple[Patch, ...] = (
     adaptive_draft_length.CONFIG_PATCH,
     context_only_pass.PATCH,  # before dflash_trace, which wraps it
     partial_draft_head.PATCH,
+    short_draft_block.PATCH,  # wraps dflash_context_only_pass's propose
     trace.PATCH,
     step_profile.PATCH,
 )

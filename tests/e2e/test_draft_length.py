@@ -12,7 +12,10 @@ skipped its query pass must not have lost context; a draft head that computed
 only the positions the next step verifies gives the reference's first ones),
 drafts were still accepted,
 and the scheduled lengths really varied (counted by the scheduler and by vLLM's
-own spec-decode counters). The policy that chooses the lengths on its own is
+own spec-decode counters). A step before one that verifies d < k drafts runs the
+drafter over a block of 1 + d positions (dflash_short_draft_block; its drafts are
+the reference's for a block of d); a third engine, the dense pair with that patch
+disabled, covers the full block with the partial draft head. The policy that chooses the lengths on its own is
 tested in tests/unit/test_draft_length.py; its speed on the H200 in
 benchmarks/results/.
 """
@@ -38,6 +41,8 @@ K = {"dense": 7, "hybrid": 4}
 # step budgets: k drafting slots per sequence are reserved (8 sequences), the rest
 # chunks the prompts (40 tokens)
 BUDGET = {"dense": 96, "hybrid": 40}
+# engine -> pair; "full-block": the dense pair with dflash_short_draft_block off
+ENGINES = {"dense": "dense", "hybrid": "hybrid", "full-block": "dense"}
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +62,16 @@ def runs(tmp_path_factory, pairs, tiny_models):
     runner = OfflineRunner(tmp_path_factory.mktemp("draft-length"), tiny_models)
     prompts = tuple(tuple(p) for p in synthetic_prompts(8, (5, 40), (4, 512), seed=777))
     configs = []
-    for name in ("dense", "hybrid"):
+    for engine, name in ENGINES.items():
         target, drafter = pairs[name]
         extra = ("--draft-length", "adaptive")
         if name == "hybrid":
             extra += ("--mm-limit", "0")
+        env = (
+            ("VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE", ",".join(map(str, SCHEDULE[name]))),
+        )
+        if engine == "full-block":
+            env += (("VLLM_DFLASH_DISABLE", "dflash_short_draft_block"),)
         configs.append(
             dict(
                 drafter=drafter,
@@ -71,15 +81,10 @@ def runs(tmp_path_factory, pairs, tiny_models):
                 max_num_batched_tokens=BUDGET[name],
                 extra_args=extra,
                 prompts=None if name == "hybrid" else prompts,
-                env=(
-                    (
-                        "VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE",
-                        ",".join(map(str, SCHEDULE[name])),
-                    ),
-                ),
-            )  # fmt: skip
+                env=env,
+            )
         )
-    results = dict(zip(("dense", "hybrid"), runner.run_many(configs), strict=True))
+    results = dict(zip(ENGINES, runner.run_many(configs), strict=True))
     for run in results.values():
         assert run.ok, run.log[-6000:]
     return results
@@ -90,39 +95,66 @@ def refs(pairs):
     return {name: Reference.load(*pair) for name, pair in pairs.items()}
 
 
-@pytest.mark.parametrize("name", ["dense", "hybrid"])
-def test_adaptive_lossless(runs, refs, name):
-    run = runs[name]
-    div = greedy_divergences(refs[name], run.data["prompts"], run.data["outputs"])
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_adaptive_lossless(runs, refs, engine):
+    run = runs[engine]
+    div = greedy_divergences(
+        refs[ENGINES[engine]], run.data["prompts"], run.data["outputs"]
+    )
     assert all(d["gap_rel_range"] < 1e-3 for d in div), div
 
 
-@pytest.mark.parametrize("name", ["dense", "hybrid"])
-def test_adaptive_drafts_equal_reference(runs, refs, name):
-    stats = compare(refs[name], runs[name].data, runs[name].trace)
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_adaptive_drafts_equal_reference(runs, refs, engine):
+    stats = compare(refs[ENGINES[engine]], runs[engine].data, runs[engine].trace)
     assert stats.drafts >= 40, stats
     assert stats.token_rate >= 0.98, stats
 
 
+def _shorter(trace: list[dict], k: int) -> list[dict]:
+    return [r for r in trace if len(r["draft_token_ids"]) < k]
+
+
 @pytest.mark.parametrize("name", ["dense", "hybrid"])
-def test_partial_draft_head(runs, refs, name):
-    """Before a step that verifies 0 < d < k drafts the draft head computed d
-    positions (dflash_partial_draft_head), and they are the reference's first d."""
-    trace = runs[name].trace
-    partial = [r for r in trace if len(r["draft_token_ids"]) < r["block"]]
+def test_short_draft_block(runs, refs, name):
+    """Before a step that verifies 0 < d < k drafts the drafter ran a block of
+    d masks (dflash_short_draft_block), and its drafts are the reference's for
+    that block."""
+    short = _shorter(runs[name].trace, K[name])
+    blocks = {r["block"] for r in short}
+    assert len(short) >= 10 and blocks <= set(SCHEDULE[name]) - {0, K[name]}, (
+        len(short),
+        blocks,
+    )
+    assert all(len(r["draft_token_ids"]) == r["block"] for r in short)
+    stats = compare(refs[name], runs[name].data, short)
+    assert stats.token_rate >= 0.98, stats
+    # the block really was shorter: the full block's first d differ somewhere
+    # (measured: 281 of 294 tokens equal, dense; 171 of 182, hybrid)
+    full = compare(refs[name], runs[name].data, [dict(r, block=K[name]) for r in short])
+    assert full.equal_tokens < full.tokens, full
+
+
+def test_partial_draft_head(runs, refs):
+    """With dflash_short_draft_block off, the drafter runs the full block and
+    its head computes the d positions the next step verifies
+    (dflash_partial_draft_head): the reference's first d of the full block."""
+    run, k = runs["full-block"], K["dense"]
+    partial = _shorter(run.trace, k)
     lengths = {len(r["draft_token_ids"]) for r in partial}
-    assert len(partial) >= 10 and lengths <= set(SCHEDULE[name]) - {0, K[name]}, (
+    assert len(partial) >= 10 and lengths <= set(SCHEDULE["dense"]) - {0, k}, (
         len(partial),
         lengths,
     )
-    assert runs[name].data["draft_lengths"]["rows"]["partial"] >= len(partial)
-    stats = compare(refs[name], runs[name].data, partial)
+    assert {r["block"] for r in partial} == {k}
+    assert run.data["draft_lengths"]["rows"]["partial"] >= len(partial)
+    stats = compare(refs["dense"], run.data, partial)
     assert stats.token_rate >= 0.98, stats
 
 
-@pytest.mark.parametrize("name", ["dense", "hybrid"])
-def test_lengths_varied_and_drafts_accepted(runs, name):
-    data = runs[name].data
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_lengths_varied_and_drafts_accepted(runs, engine):
+    data, name = runs[engine].data, ENGINES[engine]
     lengths = {int(d): n for d, n in data["draft_lengths"]["steps"].items()}
     assert set(lengths) == set(SCHEDULE[name]), lengths
     c = data["spec_decode"]
@@ -139,4 +171,4 @@ def test_lengths_varied_and_drafts_accepted(runs, name):
     # 209 with dflash_context_only_pass disabled)
     rows = data["draft_lengths"]["rows"]
     assert rows["context"] > 0.2 * (rows["query"] + rows["context"]), rows
-    assert len(runs[name].trace) <= rows["query"], (len(runs[name].trace), rows)
+    assert len(runs[engine].trace) <= rows["query"], (len(runs[engine].trace), rows)

@@ -130,7 +130,11 @@ def test_adaptive_engine_verified_shorter_blocks(result):
     )
     assert 0 < tokens < 0.8 * 7 * drafts, c
     applied = result["engine_patches"]["dflash-adaptive"]
-    for name in ("dflash_adaptive_draft_length", "dflash_partial_draft_head"):
+    for name in (
+        "dflash_adaptive_draft_length",
+        "dflash_partial_draft_head",
+        "dflash_short_draft_block",
+    ):
         assert name in applied, (name, applied)
 
 

@@ -15,7 +15,11 @@ from vllm_dflash.config import draft_length as cfg
 from vllm_dflash.config.layer_types import DrafterConfigError
 from vllm_dflash.core import adaptive_draft_length as adl
 from vllm_dflash.core.draft_length_policy import DraftLengthPolicy, default_candidates
-from vllm_dflash.spec_decode import context_only_pass, partial_draft_head
+from vllm_dflash.spec_decode import (
+    context_only_pass,
+    partial_draft_head,
+    short_draft_block,
+)
 
 
 # -- policy -------------------------------------------------------------------
@@ -418,3 +422,43 @@ def test_partial_draft_head_computes_only_the_verified_positions(isolated):
     setattr(fake, context_only_pass.NEXT_DRAFTS_ATTR, k)  # all verified: vLLM's head
     assert DFlashProposer._greedy_sample(fake, states).equal(full.view(-1))
     assert rows_seen[-1] == batch * k and partial_draft_head.head_positions(fake) == k
+
+
+# -- short draft block --------------------------------------------------------------
+def test_short_draft_block_runs_vllms_block_of_d(isolated, monkeypatch):
+    """0 < d < k: vLLM's propose runs as for num_speculative_tokens = d (a query
+    block of 1 + d), padded back to k with zeros; k, 0 and no key: unchanged."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    isolated(short_draft_block.PATCH)
+    blocks = []
+
+    def stock(self, **kw):
+        blocks.append(self.num_speculative_tokens)
+        if kw.get("fail"):
+            raise RuntimeError("drafter failed")
+        return torch.arange(1, 2 * self.num_speculative_tokens + 1).view(2, -1)
+
+    monkeypatch.setattr(DFlashProposer, "propose", stock)
+    short_draft_block.apply()
+    k = 5
+    fake = SimpleNamespace(num_speculative_tokens=k)
+    out = DFlashProposer.propose(fake, common_attn_metadata=None)  # no key
+    assert blocks == [k] and out.equal(torch.arange(1, 11).view(2, k))
+    assert short_draft_block.query_block(fake) == k
+    for d in (1, 3):
+        setattr(fake, context_only_pass.NEXT_DRAFTS_ATTR, d)
+        out = DFlashProposer.propose(fake, common_attn_metadata=None)
+        assert blocks[-1] == d and fake.num_speculative_tokens == k
+        assert out.shape == (2, k) and not out[:, d:].any()
+        assert out[:, :d].equal(torch.arange(1, 2 * d + 1).view(2, d))
+        assert short_draft_block.query_block(fake) == d
+        assert partial_draft_head.head_positions(fake) == d
+    for d in (0, k):  # a context-only pass (inside stock) and a full block
+        setattr(fake, context_only_pass.NEXT_DRAFTS_ATTR, d)
+        DFlashProposer.propose(fake, common_attn_metadata=None)
+        assert blocks[-1] == k and short_draft_block.query_block(fake) == k
+    setattr(fake, context_only_pass.NEXT_DRAFTS_ATTR, 2)
+    with pytest.raises(RuntimeError, match="drafter failed"):
+        DFlashProposer.propose(fake, common_attn_metadata=None, fail=True)
+    assert fake.num_speculative_tokens == k  # restored on error

@@ -5,7 +5,8 @@ Record: ``{"request_id", "num_tokens", "last_token_ids", "draft_token_ids",
 "block"}``, where ``num_tokens`` is the length of the committed sequence
 including the newest token (the one that opens the draft block),
 ``last_token_ids`` its last min(4, num_tokens) tokens, ``block`` the drafter's
-block (k) and ``draft_token_ids`` the proposed tokens: all k, or the first ones
+query block (k, or d for a short block: ``spec_decode/short_draft_block.py``) and
+``draft_token_ids`` the proposed tokens: all of the block's, or the first ones
 the draft head computed (``spec_decode/partial_draft_head.py``).
 
 The hook is installed only when the variable is set, so it costs nothing
@@ -159,6 +160,7 @@ def apply() -> None:
 
     from vllm_dflash.spec_decode.context_only_pass import next_drafts
     from vllm_dflash.spec_decode.partial_draft_head import head_positions
+    from vllm_dflash.spec_decode.short_draft_block import query_block
 
     writer = TraceWriter(os.path.abspath(envs.trace_path()))
     stock_init = original(DFlashProposer.__init__)
@@ -185,8 +187,10 @@ def apply() -> None:
         a = signature.bind(self, *args, **kwargs).arguments
         cad = a["common_attn_metadata"]
         k = drafts.shape[-1]
-        # a partial draft head computed only the positions the next step verifies
+        # a partial draft head or a short block computed only the positions the
+        # next step verifies; a short block is the block these drafts came from
         n = head_positions(self) if next_drafts(self) else k
+        block = query_block(self) if next_drafts(self) else k
         records = collect_records(
             runner,
             getattr(self, _HISTORY),
@@ -199,7 +203,7 @@ def apply() -> None:
             cad.seq_lens,
         )
         for r in records:
-            r["block"] = k
+            r["block"] = block
         # A context-only pass drafts nothing: its tokens still go to the history
         # (with asynchronous scheduling the runner's token table lags behind).
         if next_drafts(self) != 0:

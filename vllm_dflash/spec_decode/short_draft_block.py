@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A DFlash query block of ``1 + d`` positions when the next step verifies ``d < k``.
+
+DFlash drafts in one drafter forward over a query block of ``1 + k`` positions
+per request (the newest token and ``k`` mask tokens; non-causal inside the
+block). With ``"draft_length": "adaptive"`` the scheduler has already said how
+many drafts the next step verifies at most (``d``,
+``spec_decode/context_only_pass.py``); at large batches it says 1-4 of 15. The
+drafter's forward over the full block then costs ``batch * (1 + k)`` tokens
+through every drafter layer, of which the step reads ``d`` per request: on the
+H200 (Qwen3-8B-shaped pair, k = 15) that pass over 64 x 16 positions is a large
+part of a 3-draft step (``benchmarks/results/h200-2026-12-02-s15``).
+
+This patch runs the query pass of such a step as vLLM's DFlash does for
+``num_speculative_tokens = d``: a block of ``1 + d`` positions (bonus token and
+``d`` masks), the head over those ``d``. The drafts are therefore the ones a
+DFlash engine configured with ``k = d`` proposes (vLLM lets a user run a
+16-position drafter with any smaller ``k``), not the first ``d`` of the full
+block: the mask positions after ``d`` are not in the attention. Output stays
+exact (verification does not depend on what was drafted), and the drafts equal
+the float64 reference's drafts for a block of ``d`` (tests: the reference's
+``draft(seq, d)``). The result is padded back to ``[batch, k]`` with zeros that
+no step verifies (the scheduler caps the next step at ``d``).
+
+Steps that verify ``k`` (every step at concurrency 1), the context-only pass
+(``d = 0``) and engines without the adaptive mode run vLLM's block unchanged.
+Disable this patch (``VLLM_DFLASH_DISABLE=dflash_short_draft_block``) to keep the
+full block and compute only its first ``d`` positions' head
+(``dflash_partial_draft_head``), whose drafts are the full block's first ``d``.
+No host sync: ``d`` is a host integer from the scheduler.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vllm_dflash.registry import V020, Patch, PatchKind, is_patched, replace_attr
+from vllm_dflash.spec_decode.context_only_pass import next_drafts
+from vllm_dflash.spec_decode.partial_draft_head import HEAD_POSITIONS_ATTR
+
+NAME = "dflash_short_draft_block"
+# On the drafter, after each query pass: its query block (mask positions, k for
+# vLLM's block); dflash_trace records it so drafts are replayed with that block.
+QUERY_BLOCK_ATTR = "_vllm_dflash_query_block"
+
+
+def query_block(drafter) -> int:
+    """Mask positions of the drafter's last query block (k unless shortened)."""
+    return getattr(drafter, QUERY_BLOCK_ATTR, drafter.num_speculative_tokens)
+
+
+def short_block_propose(stock, drafter, d: int, kwargs: dict) -> torch.Tensor:
+    """Run ``stock`` (vLLM's propose) as for ``num_speculative_tokens = d``;
+    return its ``[batch, d]`` drafts padded with zeros to ``[batch, k]``."""
+    k = drafter.num_speculative_tokens
+    drafter.num_speculative_tokens = d
+    try:
+        drafts = stock(drafter, **kwargs)
+    finally:
+        drafter.num_speculative_tokens = k
+    setattr(drafter, QUERY_BLOCK_ATTR, d)
+    setattr(drafter, HEAD_POSITIONS_ATTR, d)
+    return F.pad(drafts, (0, k - d))
+
+
+def probe() -> bool:
+    return True  # no vLLM release shortens the DFlash block per step
+
+
+def apply() -> None:
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    stock = DFlashProposer.propose
+    if is_patched(stock, NAME):
+        return
+
+    def propose(self, *args, **kwargs):
+        d = next_drafts(self)
+        if d is None:  # no adaptive draft length: vLLM's propose, nothing else
+            return stock(self, *args, **kwargs)
+        k = self.num_speculative_tokens
+        if args or not 0 < d < k:  # full block, or a context-only pass
+            setattr(self, QUERY_BLOCK_ATTR, k)
+            return stock(self, *args, **kwargs)
+        return short_block_propose(stock, self, d, kwargs)
+
+    replace_attr(DFlashProposer, "propose", propose, NAME)
+
+
+PATCH = Patch(
+    name=NAME,
+    kind=PatchKind.FEATURE,
+    targets=("vllm.v1.spec_decode.dflash:DFlashProposer.propose",),
+    summary=(
+        "With the adaptive draft length, a step followed by d < k verified drafts "
+        "runs the DFlash query pass over a block of 1 + d positions (vLLM's "
+        "DFlash with num_speculative_tokens = d)."
+    ),
+    why=(
+        "At large batches the adaptive policy verifies 1-4 of 15 drafts, and the "
+        "drafter's forward over batch*(1+k) block positions is a large part of "
+        "the step; positions no step verifies need not be in it."
+    ),
+    upstream="none, vllm-dflash feature",
+    versions=V020,
+    platforms=("cuda", "cpu"),
+    probe=probe,
+    apply=apply,
+    future="Keep with dflash_adaptive_draft_length.",
+)
