@@ -14,7 +14,11 @@ import torch
 from vllm_dflash.config import draft_length as cfg
 from vllm_dflash.config.layer_types import DrafterConfigError
 from vllm_dflash.core import adaptive_draft_length as adl
-from vllm_dflash.core.draft_length_policy import DraftLengthPolicy, default_candidates
+from vllm_dflash.core.draft_length_policy import (
+    DraftLengthPolicy,
+    bucket_of,
+    default_candidates,
+)
 from vllm_dflash.spec_decode import (
     context_only_pass,
     partial_draft_head,
@@ -96,6 +100,51 @@ def test_noisy_medians_do_not_make_a_longer_verify_look_cheaper():
         policy.observe_step(100, 0, 0.029)
     policy.buckets[7].current = policy.candidates.index(15)  # k, as at start-up
     assert [policy.choose(100) for _ in range(5)] == [3] * 5
+
+
+@pytest.mark.parametrize("full_graph_tokens", [512, 0])
+def test_k_with_a_full_cuda_graph_is_not_fitted(full_graph_tokens):
+    """The H200's medians at one and at 16-31 requests (session 15, acceptance
+    3.5): 15 drafts run as the target's full CUDA graph and cost less than any
+    shorter length. Fitted with the others (no full graphs known), 15 looks as
+    slow as them and a shorter length is kept (the run verified 6 and 3 drafts:
+    1.30-1.96x no speculation at one request, fixed k gives ~2.4x); with the
+    graph limit known, k keeps its own time and is chosen."""
+    policy = DraftLengthPolicy(
+        15, acceptance_decay=1.0, full_graph_tokens=full_graph_tokens
+    )
+    n = 1000
+    policy.observe_acceptance(np.full(n, 15), np.array([2] * (n // 2) + [3] * (n // 2)))
+    one = {2: 9.143, 3: 10.752, 4: 10.304, 6: 8.118, 8: 8.601, 11: 12.939, 15: 7.055}
+    sixteen = {2: 13.567, 3: 14.064, 4: 10.57, 6: 14.904, 8: 14.994, 11: 14.162}
+    sixteen[15] = 10.038
+    # requests: (the length the run was verifying there, medians in ms)
+    for num_reqs, (current, medians_ms) in {1: (6, one), 16: (3, sixteen)}.items():
+        for d, ms in medians_ms.items():
+            for _ in range(3):
+                policy.observe_step(num_reqs, d, ms / 1e3)
+        for _ in range(policy.probe_samples):  # 1 and 0 drafts: far worse
+            policy.observe_step(num_reqs, 1, 0.030)
+            policy.observe_step(num_reqs, 0, 0.029)
+        policy._bucket(bucket_of(num_reqs)).current = policy.candidates.index(current)
+        chosen = {policy.choose(num_reqs) for _ in range(5)}
+        assert chosen == ({15} if full_graph_tokens else {current}), (num_reqs, chosen)
+    # 64 requests x 16 tokens is above the graph limit: k is fitted as before
+    assert policy._bucket(6).graph_k == bool(full_graph_tokens)  # 32-63 requests
+    assert not policy._bucket(7).graph_k
+
+
+def test_full_graph_tokens_from_the_cudagraph_mode():
+    from vllm.config import CUDAGraphMode
+
+    def config(mode, size=512):
+        cc = SimpleNamespace(cudagraph_mode=mode, max_cudagraph_capture_size=size)
+        return SimpleNamespace(compilation_config=cc)
+
+    assert adl.full_graph_tokens(config(CUDAGraphMode.FULL_AND_PIECEWISE)) == 512
+    assert adl.full_graph_tokens(config(CUDAGraphMode.FULL_DECODE_ONLY, 256)) == 256
+    for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE, CUDAGraphMode.FULL, None):
+        assert adl.full_graph_tokens(config(mode)) == 0, mode
 
 
 def test_shortest_of_near_equal_scores_and_hysteresis():
@@ -442,7 +491,16 @@ def test_short_draft_block_runs_vllms_block_of_d(isolated, monkeypatch):
     monkeypatch.setattr(DFlashProposer, "propose", stock)
     short_draft_block.apply()
     k = 5
-    fake = SimpleNamespace(num_speculative_tokens=k)
+
+    def groups(*names):
+        return [
+            SimpleNamespace(backend=SimpleNamespace(get_name=lambda n=n: n))
+            for n in names
+        ]
+
+    fake = SimpleNamespace(
+        num_speculative_tokens=k, draft_attn_groups=groups("FLASH_ATTN")
+    )
     out = DFlashProposer.propose(fake, common_attn_metadata=None)  # no key
     assert blocks == [k] and out.equal(torch.arange(1, 11).view(2, k))
     assert short_draft_block.query_block(fake) == k
@@ -462,3 +520,13 @@ def test_short_draft_block_runs_vllms_block_of_d(isolated, monkeypatch):
     with pytest.raises(RuntimeError, match="drafter failed"):
         DFlashProposer.propose(fake, common_attn_metadata=None, fail=True)
     assert fake.num_speculative_tokens == k  # restored on error
+
+    # a backend without short blocks (FLEX_ATTENTION recompiled per block length
+    # on the H200) drafts the full block
+    flex = SimpleNamespace(
+        num_speculative_tokens=k,
+        draft_attn_groups=groups("FLASH_ATTN", "FLEX_ATTENTION"),
+    )
+    setattr(flex, context_only_pass.NEXT_DRAFTS_ATTR, 2)
+    DFlashProposer.propose(flex, common_attn_metadata=None)
+    assert blocks[-1] == k and short_draft_block.query_block(flex) == k

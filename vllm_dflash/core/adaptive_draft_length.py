@@ -218,6 +218,26 @@ class DraftLengthController:
             )
 
 
+def full_graph_tokens(vllm_config: Any) -> int:
+    """Largest batch (tokens) of ``1 + k``-token decodes that vLLM runs as the
+    target's full CUDA graph (``FULL_AND_PIECEWISE``, ``FULL_DECODE_ONLY``: full
+    graphs for uniform decode batches up to ``max_cudagraph_capture_size``); 0
+    when it has none (eager, piecewise only, CPU). The scheduler sees the mode as
+    configured; a worker that lowers it (a backend without full graphs) makes
+    the policy keep k's measured time apart from the fit, nothing else."""
+    from vllm.config import CUDAGraphMode
+
+    compilation = vllm_config.compilation_config
+    mode = compilation.cudagraph_mode
+    if (
+        mode is None
+        or mode.decode_mode() != CUDAGraphMode.FULL
+        or not mode.separate_routine()
+    ):
+        return 0
+    return int(compilation.max_cudagraph_capture_size or 0)
+
+
 def controller_of(scheduler: Any) -> DraftLengthController | None:
     return getattr(scheduler, _CONTROLLER, None)
 
@@ -273,8 +293,14 @@ def scheduler_apply() -> None:
             or not self.num_spec_tokens
         ):
             return
+        k = self.num_spec_tokens
         ctl = DraftLengthController(
-            self, self.num_spec_tokens, forced=envs.draft_length_schedule()
+            self,
+            k,
+            forced=envs.draft_length_schedule(),
+            policy=DraftLengthPolicy(
+                k, full_graph_tokens=full_graph_tokens(vllm_config)
+            ),
         )
         setattr(self, _CONTROLLER, ctl)
         stock_schedule = self.schedule

@@ -28,6 +28,12 @@ not decide the length, and they are fitted non-decreasing in ``d`` (a step that
 verifies more tokens cannot be cheaper; weighted pool-adjacent-violators): on
 the H200 a few noisy medians made 15 drafts look cheaper than 8 at 64 requests
 and the policy wandered between 4, 6 and 15 (``benchmarks/results/h200-2026-12-02-s14``).
+The one exception is ``k`` in a bucket whose batches can run the target's full
+CUDA graph (vLLM captures full graphs only for uniform batches of ``1 + k``
+tokens per request, up to ``full_graph_tokens`` tokens): there ``k`` is really
+cheaper than shorter lengths (H200, one request: 7.1 ms for 15 drafts, 8.1-12.9
+ms for 2-11; ``h200-2026-12-02-s15``), so it keeps its own median and only the
+shorter lengths are fitted.
 Of lengths that score within 1% of the best (with fitted times, a block of
 lengths that cost the same differs only by the acceptance of its last positions),
 the shortest is taken.
@@ -100,6 +106,8 @@ class _Bucket:
     probing: int | None = None  # index being probed, if any
     steps: int = 0  # measured steps in this bucket
     last_reprobe: int = 0
+    # k may run as the target's full CUDA graph here: not fitted with the others
+    graph_k: bool = False
 
 
 class DraftLengthPolicy:
@@ -111,6 +119,7 @@ class DraftLengthPolicy:
         margin: float = 0.03,
         reprobe_every: int = 512,
         acceptance_decay: float = 0.995,
+        full_graph_tokens: int = 0,
     ) -> None:
         if k < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
@@ -124,6 +133,9 @@ class DraftLengthPolicy:
         self.margin = margin
         self.reprobe_every = reprobe_every
         self.acceptance_decay = acceptance_decay
+        # largest batch (tokens) that runs as the target's full CUDA graph when
+        # every request verifies k drafts; 0: no full graphs
+        self.full_graph_tokens = full_graph_tokens
         # tried[j] / accepted[j]: requests whose step verified draft j+1 (1-based
         # position j+1), and those of them that accepted it. Prior: one in two.
         self.tried = np.full(k, 2.0)
@@ -177,14 +189,27 @@ class DraftLengthPolicy:
             and cost.samples >= self.probe_samples
             and cost.seconds > 0
         ]
+        k_index = len(self.candidates) - 1
+        own = [m for m in measured if bucket.graph_k and m[0] == k_index]
+        measured = [m for m in measured if m not in own]
         fitted = monotone_fit(
             [c.seconds for _, c in measured], [len(c.recent) for _, c in measured]
         )
+        measured += own
+        fitted += [c.seconds for _, c in own]
         gains = self._expected()
         scores: list[float | None] = [None] * len(self.candidates)
         for (i, _), t in zip(measured, fitted, strict=True):
             scores[i] = float(gains[self.candidates[i]]) / t
         return scores
+
+    def _bucket(self, b: int) -> _Bucket:
+        bucket = self.buckets.get(b)
+        if bucket is None:
+            smallest = 1 << (b - 1)  # bucket b: batches of 2**(b-1) .. 2**b - 1
+            graph_k = smallest * (1 + self.k) <= self.full_graph_tokens
+            bucket = self.buckets[b] = _Bucket(graph_k=graph_k)
+        return bucket
 
     def _start_index(self, b: int) -> int:
         """Best measured index of the nearest bucket with data, else k's."""
@@ -216,9 +241,7 @@ class DraftLengthPolicy:
     def choose(self, num_reqs: int) -> int:
         """The draft length to schedule now for a batch of ``num_reqs`` requests."""
         b = bucket_of(num_reqs)
-        bucket = self.buckets.get(b)
-        if bucket is None:
-            bucket = self.buckets[b] = _Bucket()
+        bucket = self._bucket(b)
         if bucket.current < 0:
             bucket.current = self._start_index(b)
         if bucket.probing is not None:
@@ -257,7 +280,7 @@ class DraftLengthPolicy:
         drafts each took ``seconds`` (wall time, output to output)."""
         if d not in self.candidates or seconds <= 0:
             return
-        bucket = self.buckets.setdefault(bucket_of(num_reqs), _Bucket())
+        bucket = self._bucket(bucket_of(num_reqs))
         bucket.steps += 1
         cost = bucket.costs.setdefault(d, _Cost())
         cost.add(seconds)

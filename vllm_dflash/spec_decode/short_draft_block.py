@@ -23,7 +23,12 @@ the float64 reference's drafts for a block of ``d`` (tests: the reference's
 no step verifies (the scheduler caps the next step at ``d``).
 
 Steps that verify ``k`` (every step at concurrency 1), the context-only pass
-(``d = 0``) and engines without the adaptive mode run vLLM's block unchanged.
+(``d = 0``) and engines without the adaptive mode run vLLM's block unchanged, and
+so do drafters whose attention backend is not in :data:`SHORT_BLOCK_BACKENDS`:
+on the H200, FLEX_ATTENTION (vLLM's choice for a float32 drafter) hit
+torch.compile's recompile limit (16) with short blocks of several lengths and the
+engine failed (session 15, ``hybrid-swa-graph-fp32-adaptive``); it keeps the full
+block (logged once).
 Disable this patch (``VLLM_DFLASH_DISABLE=dflash_short_draft_block``) to keep the
 full block and compute only its first ``d`` positions' head
 (``dflash_partial_draft_head``), whose drafts are the full block's first ``d``.
@@ -35,19 +40,48 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vllm_dflash.logger import init_logger
 from vllm_dflash.registry import V020, Patch, PatchKind, is_patched, replace_attr
 from vllm_dflash.spec_decode.context_only_pass import next_drafts
 from vllm_dflash.spec_decode.partial_draft_head import HEAD_POSITIONS_ATTR
+
+logger = init_logger(__name__)
 
 NAME = "dflash_short_draft_block"
 # On the drafter, after each query pass: its query block (mask positions, k for
 # vLLM's block); dflash_trace records it so drafts are replayed with that block.
 QUERY_BLOCK_ATTR = "_vllm_dflash_query_block"
+# On the drafter: whether its attention backends take short blocks (decided once).
+_CAPABLE_ATTR = "_vllm_dflash_short_block_capable"
+# Drafter attention backends that run blocks of any length without recompiling
+# (FLASH_ATTN: H200, session 15; CPU_ATTN: tests/e2e/test_draft_length.py).
+SHORT_BLOCK_BACKENDS = ("FLASH_ATTN", "CPU_ATTN")
 
 
 def query_block(drafter) -> int:
     """Mask positions of the drafter's last query block (k unless shortened)."""
     return getattr(drafter, QUERY_BLOCK_ATTR, drafter.num_speculative_tokens)
+
+
+def short_block_capable(drafter) -> bool:
+    """Whether every attention backend of the drafter is in
+    :data:`SHORT_BLOCK_BACKENDS` (decided on the first short step, logged once
+    if not)."""
+    capable = getattr(drafter, _CAPABLE_ATTR, None)
+    if capable is None:
+        groups = getattr(drafter, "draft_attn_groups", None) or []
+        names = sorted({g.backend.get_name() for g in groups})
+        capable = bool(names) and all(n in SHORT_BLOCK_BACKENDS for n in names)
+        if not capable:
+            logger.info(
+                "DFlash short draft blocks are off for drafter attention backend(s) "
+                "%s (supported: %s): steps that verify fewer drafts draft the "
+                "full block",
+                names or "unknown",
+                ", ".join(SHORT_BLOCK_BACKENDS),
+            )
+        setattr(drafter, _CAPABLE_ATTR, capable)
+    return capable
 
 
 def short_block_propose(stock, drafter, d: int, kwargs: dict) -> torch.Tensor:
@@ -80,7 +114,8 @@ def apply() -> None:
         if d is None:  # no adaptive draft length: vLLM's propose, nothing else
             return stock(self, *args, **kwargs)
         k = self.num_speculative_tokens
-        if args or not 0 < d < k:  # full block, or a context-only pass
+        if args or not 0 < d < k or not short_block_capable(self):
+            # full block, a context-only pass, or a backend without short blocks
             setattr(self, QUERY_BLOCK_ATTR, k)
             return stock(self, *args, **kwargs)
         return short_block_propose(stock, self, d, kwargs)
