@@ -434,7 +434,10 @@ def analyse(job: tuple[str, str, str, str]) -> dict:
         entry["lossless"] = lossless(base, data)
         entry["divergences"] = divergences(ref.target, base, data)
     if trace:
-        entry["drafts_vs_reference"] = compare_drafts(ref, data, trace)
+        try:
+            entry["drafts_vs_reference"] = compare_drafts(ref, data, trace)
+        except AssertionError as e:  # a misaligned trace: the other checks stand
+            entry["drafts_vs_reference"] = {"error": str(e)}
     return entry
 
 
@@ -501,8 +504,8 @@ def evaluate(report: dict) -> list[dict]:
                 f"identical {r['lossless']}; divergent sequences: {len(div)}, all near-ties"
                 if not bad else f"{len(bad)} divergences are not near-ties: {bad[:3]}")  # fmt: skip
         d = r.get("drafts_vs_reference")
-        if d is None:
-            add("drafts", name, False, "no traced drafts")
+        if d is None or "error" in d:
+            add("drafts", name, False, d["error"] if d else "no traced drafts")
             continue
         counterpart = run.plugin_counterpart
         if counterpart:

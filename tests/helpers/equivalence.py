@@ -49,6 +49,24 @@ def _lookup(seqs: dict[str, list[int]], worker_rid: str) -> list[int]:
     return hits[0]
 
 
+UNSEEN = -1  # a token the trace could not read (async scheduling's placeholder)
+
+
+def aligned(seq: list[int], last_token_ids: list[int]) -> bool:
+    """Whether a record's last tokens end ``seq``. The newest token (last) must be
+    known; an earlier one the trace could not see (``UNSEEN``: with asynchronous
+    scheduling the runner's host token table holds placeholders for tokens the
+    trace's own history missed) matches anything."""
+    tail = seq[-len(last_token_ids) :]
+    return (
+        len(tail) == len(last_token_ids)
+        and last_token_ids[-1] != UNSEEN
+        and all(
+            t == u or u == UNSEEN for t, u in zip(tail, last_token_ids, strict=True)
+        )
+    )
+
+
 def compare(
     ref: Reference, run: dict, trace: list[dict], near_tie: float = 0.0
 ) -> MatchStats:
@@ -67,7 +85,7 @@ def compare(
         if n > len(full):
             continue  # drafted past the end of generation (never verified)
         seq = full[:n]
-        assert seq[-len(rec["last_token_ids"]) :] == rec["last_token_ids"], (
+        assert aligned(seq, rec["last_token_ids"]), (
             f"trace misaligned for {rec['request_id']} at {n}"
         )
         key = id(full)
