@@ -33,7 +33,9 @@ CUDA graph (vLLM captures full graphs only for uniform batches of ``1 + k``
 tokens per request, up to ``full_graph_tokens`` tokens): there ``k`` is really
 cheaper than shorter lengths (H200, one request: 7.1 ms for 15 drafts, 8.1-12.9
 ms for 2-11; ``h200-2026-12-02-s15``), so it keeps its own median and only the
-shorter lengths are fitted.
+shorter lengths are fitted, and a bucket whose batches get no full graph does not
+start from a neighbour's k that won by its graph (it starts from that
+neighbour's best shorter length).
 Of lengths that score within 1% of the best (with fitted times, a block of
 lengths that cost the same differs only by the acceptance of its last positions),
 the shortest is taken.
@@ -218,9 +220,23 @@ class DraftLengthPolicy:
             for other, bk in self.buckets.items()
             if other != b and bk.current >= 0 and self._scores(bk)[bk.current]
         ]
+        k_index = len(self.candidates) - 1
         if not known:
-            return len(self.candidates) - 1
-        return self.buckets[min(known)[1]].current
+            return k_index
+        near = self.buckets[min(known)[1]]
+        if near.current == k_index and near.graph_k and not self.buckets[b].graph_k:
+            # k won there by its full CUDA graph, which batches here do not get:
+            # start from the best shorter length measured there, if any
+            scores = self._scores(near)[:k_index]
+            measured = [sc for sc in scores if sc is not None]
+            if measured:  # as in choose: the shortest within TIE of the best
+                best = max(measured)
+                return next(
+                    i
+                    for i, sc in enumerate(scores)
+                    if sc is not None and sc >= best * (1 - TIE)
+                )
+        return near.current
 
     def _next_probe(self, bucket: _Bucket, scores: list[float | None]) -> int | None:
         """An unmeasured candidate worth a probe: walking away from the current
