@@ -130,12 +130,12 @@ def test_k_with_a_full_cuda_graph_is_not_fitted(full_graph_tokens):
         chosen = {policy.choose(num_reqs) for _ in range(5)}
         assert chosen == ({15} if full_graph_tokens else {current}), (num_reqs, chosen)
     # 64 requests x 16 tokens is above the graph limit: k is fitted as before
-    assert policy._bucket(6).graph_k == bool(full_graph_tokens)  # 32-63 requests
-    assert not policy._bucket(7).graph_k
+    assert policy._bucket(5).graph_k == bool(full_graph_tokens)  # 16-31: <= 496
+    assert not policy._bucket(6).graph_k  # 32-63: 33 x 16 = 528 tokens have none
 
 
 def test_a_bucket_without_full_graphs_does_not_start_from_k():
-    """32-63 requests x 16 tokens fit a full CUDA graph, 64 x 16 do not: the
+    """16-31 requests x 16 tokens fit a full CUDA graph, 64 x 16 do not: the
     first bucket's k (cheap by its graph) is not where 64 requests start."""
     chosen = {}
     for full_graph_tokens in (512, 0):
@@ -145,10 +145,10 @@ def test_a_bucket_without_full_graphs_does_not_start_from_k():
         policy.observe_acceptance(np.full(1000, 15), np.full(1000, 3))
         for d, ms in {2: 16.0, 3: 15.0, 4: 15.5, 15: 12.0}.items():
             for _ in range(3):
-                policy.observe_step(40, d, ms / 1e3)
-        policy._bucket(6).current = policy.candidates.index(15)  # chosen there
+                policy.observe_step(20, d, ms / 1e3)
+        policy._bucket(5).current = policy.candidates.index(15)  # chosen there
         chosen[full_graph_tokens] = policy.choose(64)
-    # with graphs: the shortest near-best shorter length at 32-63; without: k
+    # with graphs: the shortest near-best shorter length at 16-31; without: k
     assert chosen == {512: 3, 0: 15}, chosen
 
 

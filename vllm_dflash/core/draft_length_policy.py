@@ -28,7 +28,7 @@ not decide the length, and they are fitted non-decreasing in ``d`` (a step that
 verifies more tokens cannot be cheaper; weighted pool-adjacent-violators): on
 the H200 a few noisy medians made 15 drafts look cheaper than 8 at 64 requests
 and the policy wandered between 4, 6 and 15 (``benchmarks/results/h200-2026-12-02-s14``).
-The one exception is ``k`` in a bucket whose batches can run the target's full
+The one exception is ``k`` in a bucket whose batches all run as the target's full
 CUDA graph (vLLM captures full graphs only for uniform batches of ``1 + k``
 tokens per request, up to ``full_graph_tokens`` tokens): there ``k`` is really
 cheaper than shorter lengths (H200, one request: 7.1 ms for 15 drafts, 8.1-12.9
@@ -208,8 +208,10 @@ class DraftLengthPolicy:
     def _bucket(self, b: int) -> _Bucket:
         bucket = self.buckets.get(b)
         if bucket is None:
-            smallest = 1 << (b - 1)  # bucket b: batches of 2**(b-1) .. 2**b - 1
-            graph_k = smallest * (1 + self.k) <= self.full_graph_tokens
+            largest = (1 << b) - 1  # bucket b: batches of 2**(b-1) .. 2**b - 1
+            # every batch of the bucket runs k as a full graph (a bucket where
+            # only its smallest batches do is fitted as before)
+            graph_k = largest * (1 + self.k) <= self.full_graph_tokens
             bucket = self.buckets[b] = _Bucket(graph_k=graph_k)
         return bucket
 
