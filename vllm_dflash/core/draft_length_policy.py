@@ -66,6 +66,18 @@ def bucket_of(num_reqs: int) -> int:
 TIE = 0.01  # scores this close to the best: the shortest such length wins
 
 
+def _shortest_near_best(scores: list[float | None]) -> int | None:
+    """Index of the shortest length scoring within TIE of the best; None if
+    nothing is measured."""
+    measured = [s for s in scores if s is not None]
+    if not measured:
+        return None
+    best = max(measured)
+    return next(
+        i for i, s in enumerate(scores) if s is not None and s >= best * (1 - TIE)
+    )
+
+
 def monotone_fit(values: list[float], weights: list[int]) -> list[float]:
     """The non-decreasing sequence closest to ``values`` in weighted least
     squares (pool adjacent violators): step times in order of draft length."""
@@ -191,8 +203,8 @@ class DraftLengthPolicy:
             and cost.samples >= self.probe_samples
             and cost.seconds > 0
         ]
-        k_index = len(self.candidates) - 1
-        own = [m for m in measured if bucket.graph_k and m[0] == k_index]
+        # k with a full CUDA graph keeps its own time (module docstring)
+        own = [m for m in measured if bucket.graph_k and m[0] == self._k_index]
         measured = [m for m in measured if m not in own]
         fitted = monotone_fit(
             [c.seconds for _, c in measured], [len(c.recent) for _, c in measured]
@@ -222,23 +234,24 @@ class DraftLengthPolicy:
             for other, bk in self.buckets.items()
             if other != b and bk.current >= 0 and self._scores(bk)[bk.current]
         ]
-        k_index = len(self.candidates) - 1
         if not known:
-            return k_index
+            return self._k_index
         near = self.buckets[min(known)[1]]
-        if near.current == k_index and near.graph_k and not self.buckets[b].graph_k:
+        if (
+            near.current == self._k_index
+            and near.graph_k
+            and not self.buckets[b].graph_k
+        ):
             # k won there by its full CUDA graph, which batches here do not get:
             # start from the best shorter length measured there, if any
-            scores = self._scores(near)[:k_index]
-            measured = [sc for sc in scores if sc is not None]
-            if measured:  # as in choose: the shortest within TIE of the best
-                best = max(measured)
-                return next(
-                    i
-                    for i, sc in enumerate(scores)
-                    if sc is not None and sc >= best * (1 - TIE)
-                )
+            shorter = _shortest_near_best(self._scores(near)[: self._k_index])
+            if shorter is not None:
+                return shorter
         return near.current
+
+    @property
+    def _k_index(self) -> int:
+        return len(self.candidates) - 1
 
     def _next_probe(self, bucket: _Bucket, scores: list[float | None]) -> int | None:
         """An unmeasured candidate worth a probe: walking away from the current
@@ -285,10 +298,7 @@ class DraftLengthPolicy:
             return self.candidates[probe]
         # every candidate worth measuring is measured: the shortest length
         # within TIE of the best score; move there if clearly better
-        best = max(s for s in scores if s is not None)
-        i = next(
-            j for j, s in enumerate(scores) if s is not None and s >= best * (1 - TIE)
-        )
+        i = _shortest_near_best(scores)
         if scores[i] > here * (1.0 + self.margin):
             bucket.current = i
         return self.candidates[bucket.current]
