@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Reading an engine subprocess's log: did its CPU worker die without a Python error?
+
+Seen once in CI (stop 32, a fresh 2-core machine): a CPU worker process died right
+after oneDNN's "NUMA binding: Using MEMBIND policy" message, before it logged a
+single line of its own, and the engine stopped with "WorkerProc initialization
+failed". The same configuration passed on the rerun and in every other run. A
+worker killed by a signal (the kernel, a native crash in the thread-binding
+runtime) leaves no Python traceback behind; a defect in vLLM or in this plugin
+always does, because vLLM's worker logs every exception before it exits.
+"""
+
+from __future__ import annotations
+
+import re
+
+_WORKER_GONE = re.compile(
+    r"WorkerProc initialization failed|Worker proc \S+ died unexpectedly"
+)
+# vLLM prefixes a worker's Python log lines with "(Worker pid=N)" (or the
+# process name with TP > 1) and logs every exception it raises at ERROR.
+_WORKER_PYTHON_ERROR = re.compile(
+    r"^\((?:Worker|VllmWorker)[^)]*\)\s.*(?:ERROR|Error:|Traceback)", re.MULTILINE
+)
+
+
+def worker_died_silently(returncode: int, log: str) -> bool:
+    """True when the engine failed only because a worker process vanished, with
+    no Python error from any worker (a machine fault, worth one rerun)."""
+    return (
+        returncode != 0
+        and _WORKER_GONE.search(log) is not None
+        and _WORKER_PYTHON_ERROR.search(log) is None
+    )
