@@ -56,7 +56,6 @@ PATCHES: tuple[Patch, ...] = (
     draft_slot_budget.PATCH,
     drafter_kv_dtype.PATCH,
     runner.PATCH,
-    weights.PATCH,
     rejection.PATCH,
     rejection.RECOVERED_PATCH,
     expand.PATCH,
@@ -64,6 +63,7 @@ PATCHES: tuple[Patch, ...] = (
     seeded_sampling.MIXED_PATCH,
     dflash_inputs.PATCH,
     *gdn.PATCH_RECORDS,
+    weights.PATCH,  # after cpu_gdn_conv1d_weight: wraps the same CPU dispatch
     mrope_positions.PATCH,
     drafter_mm_gather.PATCH,
     hybrid_prefix_caching.PATCH,
@@ -89,9 +89,11 @@ PATCHES: tuple[Patch, ...] = (
     arg_parser.VALIDATE_PATCH,
     quantized_drafter.PATCH,
     adaptive_draft_length.CONFIG_PATCH,
-    context_only_pass.PATCH,  # before dflash_trace, which wraps it
+    # The next three wrap DFlashProposer.propose, outermost last; all three
+    # are applied on import of the model runner (``Patch.trigger``).
+    context_only_pass.PATCH,
     partial_draft_head.PATCH,
-    short_draft_block.PATCH,  # wraps dflash_context_only_pass's propose
+    short_draft_block.PATCH,
     trace.PATCH,
     step_profile.PATCH,
 )

@@ -79,14 +79,20 @@ class Patch:
     # State and reason when the probe says False (default: upstream has the fix).
     when_probe_false: PatchState = PatchState.NOT_NEEDED
     probe_false_reason: str = "probe: the running vLLM already has this fix"
+    # The vLLM module whose import applies the patch, where it is not the first
+    # target's: patches that wrap the same symbol must be applied in catalog order
+    # (tests/unit/test_patch_chains.py), so a patch that wraps another one's
+    # wrapper waits for that one's trigger.
+    trigger: str | None = None
 
     def applies_to_version(self) -> bool:
         return vllm_version() in SpecifierSet(self.versions)
 
     @property
     def trigger_module(self) -> str:
-        """The vLLM module whose import applies the patch (its first target's)."""
-        return self.targets[0].split(":")[0]
+        """The vLLM module whose import applies the patch (its first target's
+        unless ``trigger`` names another)."""
+        return self.trigger or self.targets[0].split(":")[0]
 
 
 @dataclass(frozen=True)

@@ -143,4 +143,6 @@ PATCH = Patch(
     probe=probe,
     apply=apply,
     future="Keep with dflash_adaptive_draft_length.",
+    # wraps dflash_context_only_pass's propose, applied on this import
+    trigger="vllm.v1.worker.gpu_model_runner",
 )

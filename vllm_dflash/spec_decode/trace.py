@@ -62,10 +62,12 @@ class TokenHistory:
     """The last few committed tokens of each request, from drafting-step inputs.
 
     Every committed token is a valid context token of some drafting step (prompt
-    chunks, then each step's previous newest token and accepted drafts), so this
-    stays right with asynchronous scheduling, where the runner's host token table
-    lags behind the device. Prompt tokens it never saw (prefix-cache hits) come
-    from that table, which always holds the prompt.
+    chunks, then each step's previous newest token and accepted drafts) and every
+    generated one is first some step's newest (sampled) token, so this stays
+    right with asynchronous scheduling, where the runner's host token table lags
+    behind the device (it holds -1 for tokens still on the device). Prompt
+    tokens it never saw (prefix-cache hits) come from that table, which always
+    holds the prompt.
     """
 
     KEEP = 8
@@ -75,7 +77,13 @@ class TokenHistory:
 
     def add(self, req_id: str, positions: list[int], tokens: list[int]) -> None:
         hist = self._by_req.setdefault(req_id, {})
-        hist.update(zip(positions[-self.KEEP :], tokens[-self.KEEP :], strict=True))
+        # A negative id is a placeholder (an asynchronous step's token not yet
+        # known where it was read): never let it replace a known token.
+        hist.update(
+            (p, t)
+            for p, t in zip(positions[-self.KEEP :], tokens[-self.KEEP :], strict=True)
+            if t >= 0
+        )
         if len(hist) > 2 * self.KEEP:
             for p in sorted(hist)[: -self.KEEP]:
                 del hist[p]
@@ -132,6 +140,9 @@ def collect_records(
         if discard[i]:
             continue  # partial prefill: the draft is thrown away
         n = positions[end - 1] + 2  # the newest token sits right after the context
+        # The newest token is the sampled one, exact on every path: it is the
+        # next step's first context token, which the history then already has.
+        history.add(req_ids[i], [n - 1], [int(newest[i])])
         prev = [
             history.get(req_ids[i], p, lambda p, i=i: table[i, p])
             for p in range(max(0, n - 4), n - 1)
@@ -164,8 +175,10 @@ def apply() -> None:
 
     writer = TraceWriter(os.path.abspath(envs.trace_path()))
     stock_init = original(DFlashProposer.__init__)
-    # wraps what is there (dflash_context_only_pass, applied first, decides
-    # whether the drafter drafts); the arguments are bound by vLLM's signature
+    # wraps what is there (dflash_short_draft_block over dflash_context_only_pass,
+    # which decides whether the drafter drafts: all three are applied on import
+    # of the model runner, in catalog order, tests/unit/test_patch_chains.py);
+    # the arguments are bound by vLLM's signature
     stock_propose = DFlashProposer.propose
     signature = inspect.signature(original(DFlashProposer.propose))
 
@@ -231,4 +244,6 @@ PATCH = Patch(
     future="Keep (plugin feature).",
     when_probe_false=PatchState.NOT_APPLICABLE,
     probe_false_reason="VLLM_DFLASH_TRACE is not set",
+    # wraps dflash_context_only_pass's propose, applied on this import
+    trigger="vllm.v1.worker.gpu_model_runner",
 )

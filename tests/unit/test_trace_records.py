@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""VLLM_DFLASH_TRACE on M-RoPE targets: records count tokens, not M-RoPE row 0."""
+"""VLLM_DFLASH_TRACE records: token positions (M-RoPE targets) and the token history."""
 
 from __future__ import annotations
 
@@ -42,3 +42,29 @@ def test_mrope_records_use_the_token_index():
         drafts,
     )  # fmt: skip
     assert recs_1d == recs
+
+
+def test_newest_tokens_fill_the_history_under_async_scheduling():
+    # Asynchronous scheduling: the host table holds -1 for tokens still on the
+    # device, so the record must come from the history. Each step's newest
+    # (sampled) token is the next step's first context token: the history has it
+    # even where that step's inputs are not seen (session 15's H200 traces missed
+    # the context-only passes: tests/unit/test_patch_chains.py) or hold a
+    # placeholder there.
+    table = np.full((1, 50), -1)
+    table[0, :4] = [7, 8, 9, 10]
+    runner = _runner(["a"], table)
+    history = TokenHistory()
+    step1 = collect_records(
+        runner, history, torch.tensor([9, 10]), torch.tensor([2, 3]),
+        torch.tensor([21]), torch.tensor([0, 2]), None, torch.tensor([[5, 6]]),
+    )  # fmt: skip
+    assert step1[0]["last_token_ids"] == [8, 9, 10, 21]
+    # next step: context [21 (read as -1), 22 accepted, 99 rejected], newest 23
+    step2 = collect_records(
+        runner, history, torch.tensor([-1, 22, 99]), torch.tensor([4, 5, 6]),
+        torch.tensor([23]), torch.tensor([0, 3]), torch.tensor([1]),
+        torch.tensor([[5, 6]]),
+    )  # fmt: skip
+    assert step2[0]["num_tokens"] == 7
+    assert step2[0]["last_token_ids"] == [10, 21, 22, 23]
