@@ -4,7 +4,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.engine_log import worker_died_silently
+from tests.helpers.engine_log import run_engine_process
 from vllm_dflash.testing.tiny_models import TinyModels, ensure_tiny_models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,16 +93,6 @@ def tiny_models(tmp_path_factory) -> TinyModels:
     return ensure_tiny_models(
         Path(cache) if cache else tmp_path_factory.mktemp("fixtures")
     )
-
-
-def _run_engine(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
-    try:
-        proc = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=timeout
-        )
-        return proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        return -1, f"timeout after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
 
 
 @dataclass
@@ -224,13 +213,8 @@ class OfflineRunner:
         env["PYTHONPATH"] = os.pathsep.join(
             [*paths, str(ROOT), env.get("PYTHONPATH", "")]
         )
-        rc, log = _run_engine(cmd, env, timeout)
-        if worker_died_silently(rc, log):
-            # A machine fault, not a defect (tests/helpers/engine_log.py): once more,
-            # keeping the first attempt's log beside the run's.
-            (self.workdir / f"{tag}.attempt1.log").write_text(log)
-            rc, log = _run_engine(cmd, env, timeout)
-            log = f"[rerun: the first attempt's worker died silently]\n{log}"
+        # a worker that died silently (a machine fault) is run once more
+        rc, log = run_engine_process(cmd, env, timeout)
         (self.workdir / f"{tag}.log").write_text(log)
         data = json.loads(out.read_text()) if rc == 0 and out.exists() else None
         records = (

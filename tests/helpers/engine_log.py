@@ -13,6 +13,7 @@ always does, because vLLM's worker logs every exception before it exits.
 from __future__ import annotations
 
 import re
+import subprocess
 
 _WORKER_GONE = re.compile(
     r"WorkerProc initialization failed|Worker proc \S+ died unexpectedly"
@@ -32,3 +33,29 @@ def worker_died_silently(returncode: int, log: str) -> bool:
         and _WORKER_GONE.search(log) is not None
         and _WORKER_PYTHON_ERROR.search(log) is None
     )
+
+
+def run_engine_process(
+    cmd: list[str], env: dict[str, str], timeout: float
+) -> tuple[int, str]:
+    """Run an engine subprocess: (return code, stdout + stderr); -9 on timeout.
+    A run whose CPU worker died silently is run once more, its log marked so."""
+
+    def once() -> tuple[int, str]:
+        try:
+            proc = subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=timeout
+            )
+            return proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            return -9, f"timeout after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
+
+    rc, log = once()
+    if worker_died_silently(rc, log):
+        first = log
+        rc, log = once()
+        log = (
+            f"[rerun: the first attempt's worker died silently; its log's tail:]\n"
+            f"{first[-2000:]}\n[rerun log:]\n{log}"
+        )
+    return rc, log

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.engine_log import worker_died_silently
+from tests.helpers.engine_log import run_engine_process
 from tests.helpers.marginals import Params, Target
 from tests.helpers.stats import ALPHA, fit
 
@@ -94,16 +93,6 @@ def groups_json(prompt: list[int], gs: list[Group], greedy_tokens: int) -> list[
     return out
 
 
-def _run_once(cmd: list[str], env: dict, timeout: float) -> tuple[int, str]:
-    try:
-        proc = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=timeout
-        )
-        return proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as ex:
-        return -9, f"timeout after {timeout}s\n{ex.stdout or ''}{ex.stderr or ''}"
-
-
 def run_engine(
     target: Path,
     drafter: Path | None,
@@ -119,10 +108,7 @@ def run_engine(
         cmd += ["--drafter", str(drafter)]
     e = {**os.environ, **(env or {})}
     e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")])
-    rc, log = _run_once(cmd, e, timeout)
-    if worker_died_silently(rc, log):  # a machine fault: once more (engine_log.py)
-        rc, log = _run_once(cmd, e, timeout)
-        log = f"[rerun: the first attempt's worker died silently]\n{log}"
+    rc, log = run_engine_process(cmd, e, timeout)  # one rerun for a machine fault
     data = json.loads(out.read_text()) if rc == 0 and out.exists() else None
     return rc, data, log
 
