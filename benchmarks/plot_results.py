@@ -212,10 +212,17 @@ def main() -> int:
         )
     for f in sorted(root.glob("call*-perf*.jsonl")):
         rows = _jsonl(f)
-        if any(r.get("mode") == "base" and "tok_s" in r for r in rows):
-            r0 = next(r for r in rows if "tok_s" in r)
-            title = f"{r0['pair']} pair, acceptance {r0['tau']}, {f.stem}"
-            plot_speedup(rows, root / f"{f.stem}-speedup.png", title)
+        timed = [r for r in rows if "tok_s" in r]
+        taus = sorted({r["tau"] for r in timed})
+        for tau in taus:  # one plot per acceptance (PERF_TAU=3.5,6.35: one file)
+            part = [r for r in timed if r["tau"] == tau]
+            if not any(r["mode"] == "base" for r in part):
+                continue
+            name = f"{f.stem}-speedup.png"
+            if len(taus) > 1:
+                name = f"{f.stem}-tau{tau}-speedup.png"
+            title = f"{part[0]['pair']} pair, acceptance {tau}, {f.stem}"
+            plot_speedup(part, root / name, title)
     if (root / "acceptance.json").exists():
         plot_acceptance(
             json.loads((root / "acceptance.json").read_text()), root / "acceptance.png"

@@ -3,7 +3,7 @@
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
-# PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU, PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
+# PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU (a comma list: one round per acceptance), PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
 # PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL,
 # PERF_TURN=DIR:MODE1,MODE2 (engines started together on one GPU, e.g. perf:base@0 perf:plugin@0, take turns batch by batch; needs PERF_KV_GIB), PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
@@ -99,19 +99,24 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       say "pytest -m gpu rc=$?"; tail -15 "$W/pytest-gpu.log"
       cp "$W/pytest-gpu/gpu_check.json" "$W/pytest-gpu_check.json" 2>/dev/null ;;
     perf)
+      # PERF_TAU may list acceptances (3.5,6.35): a fresh engine per acceptance, each
+      # round its own --tag (and so its own turn folder)
+      local tau tag taus=${PERF_TAU:-6.35}
       for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
+       for tau in ${taus//,/ }; do
+        tag=rep$rep; [[ $taus == *,* ]] && tag=rep$rep-tau$tau
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
-          local log="$W/perf-$mode-tp${PERF_TP:-1}-rep$rep-gpu$gpu.log"
+          local log="$W/perf-$mode-tp${PERF_TP:-1}-$tag-gpu$gpu.log"
           if [ -n "${PERF_DEADLINE:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$PERF_DEADLINE" ]; then
             say "perf $mode skipped: past PERF_DEADLINE=${PERF_DEADLINE}s"; continue
           fi
           timeout "${PERF_TIMEOUT:-300}" python3 benchmarks/gpu/perf_synthetic.py "$mode" "$W/perf.jsonl" \
-            --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "rep$rep" --repeats "${PERF_BATCHES:-3}" \
+            --conc "${PERF_CONC:-1,4,16,64}" --tp "${PERF_TP:-1}" --tag "$tag" --repeats "${PERF_BATCHES:-3}" \
             --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" \
-            --tau "${PERF_TAU:-6.35}" --max-tokens "${PERF_MAX_TOKENS:-1024}" \
+            --tau "$tau" --max-tokens "${PERF_MAX_TOKENS:-1024}" \
             --max-model-len "${PERF_MAX_MODEL_LEN:-4096}" --kv-cache-gib "${PERF_KV_GIB:-0}" ${PERF_EAGER:+--enforce-eager} \
             --gpu-util "${PERF_GPU_UTIL:-0.85}" ${PERF_TURN:+--turn "$PERF_TURN"} > "$log" 2>&1
-          say "perf $mode tp${PERF_TP:-1} rep$rep gpu$gpu rc=$?"
+          say "perf $mode tp${PERF_TP:-1} $tag tau$tau gpu$gpu rc=$?"
           grep RESULT "$log" | cut -c1-260
           grep -m1 -o "Maximum concurrency for .*" "$log" | sed "s/^/[$mode] /"
           grep -m1 -o "GPU KV cache size: .*" "$log" | sed "s/^/[$mode] /"
@@ -121,6 +126,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           grep -o "Estimated CUDA graph memory.*\|CUDA graph pool memory.*\|init engine .*" "$log" | sed "s/^/[$mode] /"
           cp "$W/perf.jsonl" "$OUT/perf.jsonl" 2>/dev/null
         done
+       done
       done ;;
     profile)
       timeout 300 python3 benchmarks/gpu/perf_synthetic.py plugin "$W/perf.jsonl" \

@@ -201,6 +201,15 @@ class Turns:
     def leave(self) -> None:
         open(self._file(f"left-{self.me}"), "w").close()
 
+    def wait_all_left(self, timeout: float = 120.0) -> None:
+        """Wait (up to ``timeout`` s) until every peer finished: the next round's
+        engine start (PERF_TAU=3.5,6.35) never overlaps a peer's timed batch."""
+        end = time.time() + timeout
+        while time.time() < end and not all(
+            self._left(i) for i in range(len(self.peers))
+        ):
+            time.sleep(0.2)
+
 
 def random_prompts(rng: random.Random, n: int) -> list[dict]:
     """N token-id prompts of 512 tokens."""
@@ -268,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if turns:
             turns.leave()
+            turns.wait_all_left()
 
 
 def run(args: argparse.Namespace, turns: "Turns | None") -> None:

@@ -4,7 +4,7 @@ take turns batch by batch (the side-by-side harness for the 27B pair, issue #16)
 
 Stand-in workers (no engine): no batch starts before every peer is ready, batches
 alternate and never overlap, a peer that finished or was killed is passed, and an
-earlier round's files do not count.
+earlier round's files do not count; a finished peer waits for the others.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ def _peer(spec: str, mode: str, tag: str, log: str, start_delay: float, die_at: 
 
         turns.run(batch)
     turns.leave()
+    turns.wait_all_left(30)
+    with open(log, "a") as fh:
+        fh.write(f"{time.monotonic():.6f} {mode} exit\n")
 
 
 def _run(tmp_path, tag: str, delays: dict, die: dict) -> list[tuple[str, str, str]]:
@@ -68,6 +71,9 @@ def test_batches_alternate_after_both_are_ready(tmp_path):
     for a, b in zip(batches[::2], batches[1::2], strict=True):
         assert a[0] == b[0] and a[1:] == ("start", a[2]) and b[1] == "end"
     assert [e[0] for e in batches[::2]] == ["base", "plugin"] * 3
+    # the peer that finished first exits only after the other's last batch (the
+    # next round's engine start never overlaps a timed batch)
+    assert [e[1] for e in events[-2:]] == ["exit", "exit"]
 
 
 def test_a_killed_peer_is_passed_and_rounds_are_separate(tmp_path):
