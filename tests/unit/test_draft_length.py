@@ -142,14 +142,69 @@ def test_a_bucket_without_full_graphs_does_not_start_from_k():
         policy = DraftLengthPolicy(
             15, acceptance_decay=1.0, full_graph_tokens=full_graph_tokens
         )
-        policy.observe_acceptance(np.full(1000, 15), np.full(1000, 3))
+        # every draft accepted: k's expected tokens are far above any shorter
+        # length's (no acceptance knee below k)
+        policy.observe_acceptance(np.full(1000, 15), np.full(1000, 15))
         for d, ms in {2: 16.0, 3: 15.0, 4: 15.5, 15: 12.0}.items():
             for _ in range(3):
                 policy.observe_step(20, d, ms / 1e3)
         policy._bucket(5).current = policy.candidates.index(15)  # chosen there
         chosen[full_graph_tokens] = policy.choose(64)
-    # with graphs: the shortest near-best shorter length at 16-31; without: k
-    assert chosen == {512: 3, 0: 15}, chosen
+    # with graphs: the best shorter length at 16-31; without: k
+    assert chosen == {512: 4, 0: 15}, chosen
+
+
+# The H200's step medians at 64 requests, acceptance 3.5 (session 17, first
+# batch: ms per draft length).
+H200_64_MS = {0: 14.265, 1: 17.133, 2: 14.172, 3: 10.309, 4: 14.531, 6: 15.336}
+H200_64_MS |= {8: 30.972, 11: 29.602, 15: 29.412}
+
+
+@pytest.mark.parametrize("knee", [True, False])
+def test_a_new_bucket_does_not_probe_drafts_that_are_not_accepted(knee, monkeypatch):
+    """Session 17 (H200, acceptance 3.5: positions 1-2 accepted, 3 half the time,
+    4 never): the first batch of 64 requests started from 32-63's 11 drafts and
+    probed 11, 8 and 15 at 29-31 ms a step where 3 took 10 ms (0.88x no
+    speculation). Those lengths add no expected tokens over 3 and cost no less:
+    a new bucket starts at the acceptance knee (3) and never probes above it
+    (4 adds nothing either: position 4 is never accepted).
+    With the two rules off (``knee=False``) the old walk comes back."""
+    if not knee:
+        monkeypatch.setattr(DraftLengthPolicy, "_knee", lambda self, i: i)
+        monkeypatch.setattr(
+            DraftLengthPolicy, "_gains_over", lambda self, bucket, i, j: True
+        )
+    policy = DraftLengthPolicy(15, acceptance_decay=1.0, full_graph_tokens=512)
+    n = 1000
+    policy.observe_acceptance(np.full(n, 15), np.array([2] * (n // 2) + [3] * (n // 2)))
+    for _ in range(3):  # 32-63 requests: 11 measured and chosen
+        policy.observe_step(48, 11, 0.0149)
+    policy._bucket(6).current = policy.candidates.index(11)
+    chosen = []
+    for _ in range(60):
+        d = policy.choose(64)
+        chosen.append(d)
+        policy.observe_step(64, d, H200_64_MS[d] / 1e3)
+    probed = set(chosen)
+    if knee:
+        assert chosen[0] == 3 and max(probed) == 3, chosen
+        assert chosen[-10:] == [3] * 10, chosen
+    else:
+        assert chosen[0] == 11 and {8, 15} <= probed, chosen
+
+
+def test_a_longer_length_with_accepted_drafts_is_still_probed():
+    """The rule only skips lengths whose extra drafts add no expected tokens: with
+    every draft accepted, a bucket that starts at 3 still climbs to k."""
+    policy = DraftLengthPolicy(15, acceptance_decay=1.0)
+    policy.observe_acceptance(np.full(1000, 15), np.full(1000, 15))
+    chosen = []
+    policy._bucket(bucket_of(4)).current = policy.candidates.index(3)
+    for _ in range(80):
+        d = policy.choose(4)
+        chosen.append(d)
+        policy.observe_step(4, d, 0.010 + d * 1e-5)  # weight bound: flat
+    assert chosen[-1] == 15 and {4, 6, 8, 11} <= set(chosen), chosen
 
 
 def test_full_graph_tokens_from_the_cudagraph_mode():
