@@ -172,7 +172,7 @@ def test_a_new_bucket_does_not_probe_drafts_that_are_not_accepted(knee, monkeypa
     if not knee:
         monkeypatch.setattr(DraftLengthPolicy, "_knee", lambda self, i: i)
         monkeypatch.setattr(
-            DraftLengthPolicy, "_gains_over", lambda self, bucket, i, j: True
+            DraftLengthPolicy, "_gains_over", lambda self, bucket, gains, i, j: True
         )
     policy = DraftLengthPolicy(15, acceptance_decay=1.0, full_graph_tokens=512)
     n = 1000

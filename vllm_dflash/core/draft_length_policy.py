@@ -256,23 +256,20 @@ class DraftLengthPolicy:
 
     def _knee(self, i: int) -> int:
         """The shortest candidate at or below index ``i`` whose expected tokens
-        are within TIE of ``i``'s. Its step costs no more (fitted non-decreasing
-        in ``d``), so it scores within TIE of ``i`` or better: a new bucket starts
-        there instead of probing lengths whose drafts are not accepted (H200,
-        acceptance 3.5, 64 requests: from 11 drafts the first batch probed 11, 8
-        and 15 at 29-31 ms a step where 3 took 10-14 ms; 0.88x no speculation)."""
+        are within TIE of ``i``'s (module docstring). Its step costs no more
+        (fitted non-decreasing in ``d``), so it scores within TIE of ``i`` or
+        better."""
         gains = self._expected()
         floor = gains[self.candidates[i]] / (1.0 + TIE)
         return next(j for j in range(i + 1) if gains[self.candidates[j]] >= floor)
 
-    def _gains_over(self, bucket: _Bucket, i: int, j: int) -> bool:
+    def _gains_over(self, bucket: _Bucket, gains: np.ndarray, i: int, j: int) -> bool:
         """Whether a longer candidate ``j`` can beat ``i``: its expected tokens
-        exceed ``i``'s by more than TIE (else, costing no less, it scores within
-        TIE of ``i`` at best and the shorter ``i`` is kept), or it is k running
-        as a full CUDA graph (cheaper than shorter lengths)."""
+        (``gains``: :meth:`_expected`) exceed ``i``'s by more than TIE (else,
+        costing no less, it scores within TIE of ``i`` at best and the shorter
+        ``i`` is kept), or it is k running as a full CUDA graph."""
         if j == self._k_index and bucket.graph_k:
             return True
-        gains = self._expected()
         return gains[self.candidates[j]] > gains[self.candidates[i]] * (1.0 + TIE)
 
     @property
@@ -285,13 +282,14 @@ class DraftLengthPolicy:
         best measured (a flat stretch may hide a better length behind it)."""
         cur = bucket.current
         best = max(s for s in scores if s is not None)
+        gains = self._expected()
         for step in (-1, 1):
             i = cur + step
             while 0 <= i < len(self.candidates):
                 if scores[i] is None:
                     # a longer length whose extra drafts are (almost) never
                     # accepted cannot win: not worth a probe
-                    if step < 0 or self._gains_over(bucket, cur, i):
+                    if step < 0 or self._gains_over(bucket, gains, cur, i):
                         return i
                 elif scores[i] < best * (1.0 - self.margin):
                     break
