@@ -24,8 +24,9 @@ set -uo pipefail
 # $OUT brings back at most 8 files: work in $W, return a summary + one log archive.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # A warm machine keeps /tmp between calls: start from an empty work dir so only
-# this call's results come back.
-W=/tmp/vllm-dflash-gpu; rm -rf "$W"; mkdir -p "$W"
+# this call's results come back. W_KEEP=1 keeps it: a second invocation in the same
+# call (other PERF_* settings) adds its results to the first one's.
+W=/tmp/vllm-dflash-gpu; [ -n "${W_KEEP:-}" ] || rm -rf "$W"; mkdir -p "$W"
 T0=$(date +%s)
 say() { echo "[device $(( $(date +%s) - T0 ))s] $*" | tee -a "$W/device.log"; }
 finish() {
@@ -56,6 +57,9 @@ if [ ! -d /root/site/vllm ]; then
 fi
 export PYTHONPATH=/root/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# Triton keeps its autotuning results on disk: the second engine of a call (and of a
+# warm machine) skips the GDN kernels' autotuning in its start-up.
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 # FlashInfer (GDN prefill only): a site-dir overlay with the prebuilt sm90a module.
 export GDN_PREFILL=${GDN_PREFILL:-auto}
 FI_TAR=.gpu-carry/flashinfer-gdn.tar.xz

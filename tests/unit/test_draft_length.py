@@ -207,6 +207,56 @@ def test_a_longer_length_with_accepted_drafts_is_still_probed():
     assert chosen[-1] == 15 and {4, 6, 8, 11} <= set(chosen), chosen
 
 
+# The H200's step medians at 256 requests, 27B hybrid pair (session 18, ms per
+# draft length: 2-6 measured; 1 and 0 never were). 1: between 0 and 2 on the line
+# of 2-4. 0: an estimate, the no-speculation engine's decode step there (its
+# batches less the prefill both engines share: ~33 ms) plus the drafter's
+# context pass.
+H200_HYBRID_256_MS = {0: 36.0, 1: 90.0, 2: 116.385, 3: 141.839, 4: 181.549}
+H200_HYBRID_256_MS |= {6: 237.508, 8: 300.0, 11: 390.0, 15: 510.0}
+
+
+@pytest.mark.parametrize("zero_probe", [True, False])
+def test_zero_drafts_are_probed_where_the_walk_stops_above_them(
+    zero_probe, monkeypatch
+):
+    """Session 18 (H200, 27B hybrid pair, 256 requests, acceptance 3.5): the
+    bucket started at 2 drafts (the 128-255 bucket's), found 1 clearly worse and
+    stopped walking down, so 0 drafts, a step without the drafter's query pass,
+    was never measured; 2 drafts ran at 0.96x no speculation. 0 is now probed and
+    kept where it wins. With the rule off the walk stops at 1 as before."""
+    if not zero_probe:
+        monkeypatch.setattr(
+            DraftLengthPolicy, "_zero_worth_probing", lambda self, b, s: False
+        )
+    policy = DraftLengthPolicy(15, acceptance_decay=1.0, full_graph_tokens=512)
+    n = 1000
+    policy.observe_acceptance(np.full(n, 15), np.array([2] * (n // 2) + [3] * (n // 2)))
+    policy._bucket(bucket_of(256)).current = policy.candidates.index(2)
+    chosen = []
+    for _ in range(60):
+        d = policy.choose(256)
+        chosen.append(d)
+        policy.observe_step(256, d, H200_HYBRID_256_MS[d] / 1e3)
+    if zero_probe:
+        assert 0 in chosen and chosen[-10:] == [0] * 10, chosen
+    else:
+        assert 0 not in chosen and chosen[-10:] == [2] * 10, chosen
+
+
+def test_zero_drafts_are_not_probed_where_k_runs_as_a_full_graph():
+    """One request, k as a full CUDA graph (weight-bandwidth bound): no probe of
+    0 drafts, which could only cost (the 2% goal against fixed k)."""
+    policy = DraftLengthPolicy(15, acceptance_decay=1.0, full_graph_tokens=512)
+    policy.observe_acceptance(np.full(1000, 15), np.full(1000, 15))
+    chosen = []
+    for _ in range(80):
+        d = policy.choose(1)
+        chosen.append(d)
+        policy.observe_step(1, d, (0.007 if d == 15 else 0.009 + d * 1e-4))
+    assert 0 not in chosen and chosen[-1] == 15, chosen
+
+
 def test_full_graph_tokens_from_the_cudagraph_mode():
     from vllm.config import CUDAGraphMode
 
