@@ -227,7 +227,7 @@ def test_zero_drafts_are_probed_where_the_walk_stops_above_them(
     kept where it wins. With the rule off the walk stops at 1 as before."""
     if not zero_probe:
         monkeypatch.setattr(
-            DraftLengthPolicy, "_zero_worth_probing", lambda self, b, s: False
+            DraftLengthPolicy, "_walks_past", lambda self, bucket, i: False
         )
     policy = DraftLengthPolicy(15, acceptance_decay=1.0, full_graph_tokens=512)
     n = 1000
@@ -244,17 +244,49 @@ def test_zero_drafts_are_probed_where_the_walk_stops_above_them(
         assert 0 not in chosen and chosen[-10:] == [2] * 10, chosen
 
 
-def test_zero_drafts_are_not_probed_where_k_runs_as_a_full_graph():
-    """One request, k as a full CUDA graph (weight-bandwidth bound): no probe of
-    0 drafts, which could only cost (the 2% goal against fixed k)."""
-    policy = DraftLengthPolicy(15, acceptance_decay=1.0, full_graph_tokens=512)
-    policy.observe_acceptance(np.full(1000, 15), np.full(1000, 15))
+@pytest.mark.parametrize("walk_past", [True, False])
+def test_a_bucket_at_zero_drafts_finds_longer_drafts_again(walk_past, monkeypatch):
+    """A bucket at 0 drafts (the best at first: session 18's 256-request times)
+    re-probes every ``reprobe_every`` steps: from 0 the walk up meets 1 draft,
+    clearly worse (it pays the drafter's query pass for one extra token), and
+    goes on to 2, which wins once its step time has fallen. With the rule off
+    the walk stops at 1 and the bucket stays on 0."""
+    if not walk_past:
+        monkeypatch.setattr(DraftLengthPolicy, "_walks_past", lambda self, b, i: False)
+    policy = DraftLengthPolicy(15, acceptance_decay=1.0, reprobe_every=64)
+    policy.observe_acceptance(np.full(1000, 15), np.full(1000, 2))  # 2 accepted
+    ms = dict(H200_HYBRID_256_MS)
+    policy._bucket(bucket_of(256)).current = 0  # where the zero-draft probe led
     chosen = []
-    for _ in range(80):
-        d = policy.choose(1)
+    for step in range(200):
+        if step == 100:
+            ms |= {2: 60.0, 3: 75.0, 4: 95.0}
+        d = policy.choose(256)
         chosen.append(d)
-        policy.observe_step(1, d, (0.007 if d == 15 else 0.009 + d * 1e-4))
-    assert 0 not in chosen and chosen[-1] == 15, chosen
+        policy.observe_step(256, d, ms[d] / 1e3)
+    assert chosen[90:100] == [0] * 10, chosen
+    # between the re-probes at measured steps 128 and 192
+    assert chosen[150:190] == [2 if walk_past else 0] * 40, chosen
+
+
+@pytest.mark.parametrize("full_graph_tokens", [512, 0])
+def test_zero_drafts_are_not_probed_where_k_runs_as_a_full_graph(full_graph_tokens):
+    """One request, two drafts accepted, the bucket at 2 drafts with 1 clearly
+    worse (fewer tokens for the same time): where k runs as a full CUDA graph
+    (weight-bandwidth bound: a step of 0 drafts saves next to nothing) the walk
+    stops at 1 as before; without full graphs it goes on to 0."""
+    policy = DraftLengthPolicy(
+        15, acceptance_decay=1.0, full_graph_tokens=full_graph_tokens
+    )
+    policy.observe_acceptance(np.full(1000, 15), np.full(1000, 2))
+    policy._bucket(1).current = policy.candidates.index(2)
+    ms = {0: 8.0, 1: 9.0, 15: 7.0}  # 2-11: 9.2-10.1 ms
+    chosen = [policy.choose(1)]
+    for _ in range(30):
+        d = chosen[-1]
+        policy.observe_step(1, d, ms.get(d, 9.0 + 0.1 * d) / 1e3)
+        chosen.append(policy.choose(1))
+    assert (0 in chosen) == (not full_graph_tokens), chosen
 
 
 def test_full_graph_tokens_from_the_cudagraph_mode():

@@ -44,12 +44,12 @@ it cannot win; k with a full CUDA graph excepted), and a new bucket starts at th
 acceptance knee below the neighbour's length: the shortest length whose expected
 tokens are within 1% of it (H200, acceptance 3.5, 64 requests: the first batch
 probed 8, 11 and 15 drafts, whose positions 4-15 are never accepted, at 29-31 ms a
-step where 3 drafts took 10 ms; ``h200-2026-12-02-s17``). The walk down stops
-at a clearly worse length, but 0 drafts is probed wherever k gets no full CUDA
+step where 3 drafts took 10 ms; ``h200-2026-12-02-s17``). A walk stops at a
+clearly worse length, except at 1 draft (both ways) wherever k gets no full CUDA
 graph: a step with 0 drafts skips the drafter's query pass, so its time is not on
 the line of the longer lengths (H200, 27B hybrid pair, 256 requests, acceptance
-3.5: the walk stopped at 1 and 2 drafts ran at 0.96x no speculation;
-``h200-2026-12-03-s18``).
+3.5: the walk down stopped at 1, never measured 0, and 2 drafts ran at 0.96x no
+speculation; ``h200-2026-12-03-s18``).
 
 The scheduler asks :meth:`choose` once per step and reports each finished step
 with :meth:`observe_step` and :meth:`observe_acceptance`; nothing here touches
@@ -296,30 +296,30 @@ class DraftLengthPolicy:
                     # accepted cannot win: not worth a probe
                     if step < 0 or self._gains_over(bucket, gains, cur, i):
                         return i
-                elif scores[i] < best * (1.0 - self.margin):
+                elif scores[i] < best * (1.0 - self.margin) and not self._walks_past(
+                    bucket, i
+                ):
                     break
                 i += step
-        if self._zero_worth_probing(bucket, scores):
-            return 0
         return None
 
-    def _zero_worth_probing(self, bucket: _Bucket, scores: list[float | None]) -> bool:
-        """Whether to probe 0 drafts although the walk down stopped above it.
+    def _walks_past(self, bucket: _Bucket, i: int) -> bool:
+        """Whether the walk goes on past candidate ``i`` although it is clearly
+        worse than the best: past 1 draft, both ways, where k gets no full CUDA
+        graph.
 
         A step with 0 drafts skips the drafter's query pass (the drafter only
-        stores the step's context), so its time is not on the line through the
+        stores the step's context), so 0's time is not on the line through the
         longer lengths' times: 1 draft being clearly worse than 2 says nothing
-        about 0. At a compute-bound batch 0 can be the best length (H200, 27B
-        hybrid pair, 256 requests, acceptance 3.5: 2 drafts at 0.96x no
-        speculation; the walk stopped at 1 and never measured 0;
-        ``h200-2026-12-03-s18``). Not in a bucket where k runs as a full CUDA
-        graph: batches that small are weight-bandwidth bound, where drafts are
-        free."""
+        about 0, nor than 0 about 2. At a compute-bound batch 0 can be the best
+        length (H200, 27B hybrid pair, 256 requests, acceptance 3.5: 2 drafts ran
+        at 0.96x no speculation; the walk stopped at 1 and never measured 0;
+        ``h200-2026-12-03-s18``), and a bucket that moved to 0 must still find 2
+        again when its re-probe comes. Not in a bucket where k runs as a full
+        CUDA graph: batches that small are weight-bandwidth bound, drafts are
+        free there and a 0-draft probe could only cost."""
         return (
-            self.candidates[0] == 0
-            and scores[0] is None
-            and not bucket.graph_k
-            and bucket.current != 0
+            self.candidates[i] == 1 and self.candidates[0] == 0 and not bucket.graph_k
         )
 
     def choose(self, num_reqs: int) -> int:
