@@ -318,9 +318,8 @@ class DraftLengthPolicy:
         again when its re-probe comes. Not in a bucket where k runs as a full
         CUDA graph: batches that small are weight-bandwidth bound, drafts are
         free there and a 0-draft probe could only cost."""
-        return (
-            self.candidates[i] == 1 and self.candidates[0] == 0 and not bucket.graph_k
-        )
+        # i == 1: the shortest length above 0 (1 draft with the default candidates)
+        return i == 1 and self.candidates[0] == 0 and not bucket.graph_k
 
     def choose(self, num_reqs: int) -> int:
         """The draft length to schedule now for a batch of ``num_reqs`` requests."""
