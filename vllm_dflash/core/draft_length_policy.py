@@ -305,20 +305,13 @@ class DraftLengthPolicy:
 
     def _walks_past(self, bucket: _Bucket, i: int) -> bool:
         """Whether the walk goes on past candidate ``i`` although it is clearly
-        worse than the best: past 1 draft, both ways, where k gets no full CUDA
-        graph.
-
-        A step with 0 drafts skips the drafter's query pass (the drafter only
-        stores the step's context), so 0's time is not on the line through the
-        longer lengths' times: 1 draft being clearly worse than 2 says nothing
-        about 0, nor than 0 about 2. At a compute-bound batch 0 can be the best
-        length (H200, 27B hybrid pair, 256 requests, acceptance 3.5: 2 drafts ran
-        at 0.96x no speculation; the walk stopped at 1 and never measured 0;
-        ``h200-2026-12-03-s18``), and a bucket that moved to 0 must still find 2
-        again when its re-probe comes. Not in a bucket where k runs as a full
-        CUDA graph: batches that small are weight-bandwidth bound, drafts are
-        free there and a 0-draft probe could only cost."""
-        # i == 1: the shortest length above 0 (1 draft with the default candidates)
+        worse than the best: past the shortest length above 0, both ways, where k
+        gets no full CUDA graph (module docstring). 0's time is not on the line
+        through the longer lengths' (no drafter query pass), so 1 being clearly
+        worse than 2 says nothing about 0, nor than 0 about 2: down, 0 gets
+        measured; up from 0, a re-probe still finds 2. Batches where k runs as a
+        full graph are weight-bandwidth bound: there a 0-draft probe could only
+        cost."""
         return i == 1 and self.candidates[0] == 0 and not bucket.graph_k
 
     def choose(self, num_reqs: int) -> int:
