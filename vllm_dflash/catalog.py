@@ -9,7 +9,12 @@ vLLM object.
 
 from vllm_dflash.attention import gdn_shared_metadata
 from vllm_dflash.config import hybrid_prefix_caching, quantized_drafter
-from vllm_dflash.core import adaptive_draft_length, draft_slot_budget, lookahead_slots
+from vllm_dflash.core import (
+    adaptive_draft_length,
+    draft_slot_budget,
+    lookahead_slots,
+    step_log,
+)
 from vllm_dflash.cpu import (
     attention,
     dflash_inputs,
@@ -96,4 +101,5 @@ PATCHES: tuple[Patch, ...] = (
     short_draft_block.PATCH,
     trace.PATCH,
     step_profile.PATCH,
+    step_log.PATCH,
 )

@@ -27,6 +27,15 @@ def profile_path() -> str | None:
     return os.environ.get(VLLM_DFLASH_PROFILE) or None
 
 
+# Path of a JSONL file; when set, the engine core appends one line per engine
+# step (requests, tokens, drafts verified, wall time; no device sync).
+VLLM_DFLASH_STEP_LOG = "VLLM_DFLASH_STEP_LOG"
+
+
+def step_log_path() -> str | None:
+    return os.environ.get(VLLM_DFLASH_STEP_LOG) or None
+
+
 # Comma-separated draft lengths, e.g. "4,0,0,2": with "draft_length": "adaptive",
 # the scheduler verifies these lengths in turn instead of choosing (a test aid
 # that exercises every transition deterministically).

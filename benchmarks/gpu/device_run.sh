@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: check (gpu_check.py; RUNS=subset, JOBS=engines at once), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU (a comma list: one round per acceptance), PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
-# PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL,
+# PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL, PERF_CG_MODE (cudagraph_mode, e.g. PIECEWISE),
 # PERF_TURN=DIR:MODE1,MODE2 (engines started together on one GPU, e.g. perf:base@0 perf:plugin@0, take turns batch by batch; needs PERF_KV_GIB), PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
@@ -109,6 +109,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       for rep in $(seq 1 "${PERF_REPEATS:-1}"); do
        for tau in ${taus//,/ }; do
         tag=rep$rep; [[ $taus == *,* ]] && tag=rep$rep-tau$tau
+        [ -n "${PERF_CG_MODE:-}" ] && tag=$tag-${PERF_CG_MODE,,}
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
           local log="$W/perf-$mode-tp${PERF_TP:-1}-$tag-gpu$gpu.log"
           if [ -n "${PERF_DEADLINE:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$PERF_DEADLINE" ]; then
@@ -119,7 +120,8 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
             --pair "${PERF_PAIR:-dense}" --root "/root/perf-${PERF_PAIR:-dense}-$mode-$gpu" \
             --tau "$tau" --max-tokens "${PERF_MAX_TOKENS:-1024}" \
             --max-model-len "${PERF_MAX_MODEL_LEN:-4096}" --kv-cache-gib "${PERF_KV_GIB:-0}" ${PERF_EAGER:+--enforce-eager} \
-            --gpu-util "${PERF_GPU_UTIL:-0.85}" ${PERF_TURN:+--turn "$PERF_TURN"} > "$log" 2>&1
+            --gpu-util "${PERF_GPU_UTIL:-0.85}" ${PERF_TURN:+--turn "$PERF_TURN"} \
+            ${PERF_CG_MODE:+--cudagraph-mode "$PERF_CG_MODE"} > "$log" 2>&1
           say "perf $mode tp${PERF_TP:-1} $tag tau$tau gpu$gpu rc=$?"
           grep RESULT "$log" | cut -c1-260
           grep -m1 -o "Maximum concurrency for .*" "$log" | sed "s/^/[$mode] /"

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import time
 
 TARGET = {
@@ -80,6 +81,7 @@ def engine_kwargs(
     max_model_len: int = 4096,
     enforce_eager: bool = False,
     gpu_util: float = 0.85,
+    cudagraph_mode: str = "",
 ) -> dict:
     """``vllm.LLM`` arguments of MODE's engine (``base``: no speculation)."""
     spec = None
@@ -106,6 +108,8 @@ def engine_kwargs(
         gdn = gdn_backend.choose()  # vLLM's FlashInfer where it can run, else triton
         if gdn:
             extra["gdn_prefill_backend"] = gdn
+    if cudagraph_mode:  # e.g. PIECEWISE: what a DFlash step of d < k drafts gets
+        extra["compilation_config"] = {"cudagraph_mode": cudagraph_mode}
     return dict(
         model=f"{root}/target", load_format="dummy", skip_tokenizer_init=True,
         dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=gpu_util,
@@ -211,6 +215,37 @@ class Turns:
             time.sleep(0.2)
 
 
+def step_summary(path: str, t0: float, t1: float) -> dict:
+    """The engine steps whose output came between wall times t0 and t1, from a
+    VLLM_DFLASH_STEP_LOG file: per draft length of the decode-only steps (every
+    request one token plus d drafts; "x" where requests verified different
+    numbers), the number of steps and their median milliseconds; the steps with
+    a prefill chunk ("mixed") in total."""
+    by_d: dict[str, list[float]] = {}
+    mixed: list[float] = []
+    try:
+        with open(path) as fh:
+            lines = [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return {}
+    for rec in lines:
+        if not t0 < rec["t"] <= t1:
+            continue
+        if not rec["decode"]:
+            mixed.append(rec["ms"])
+            continue
+        even = rec["drafts"] == rec["dmax"] * rec["reqs"]
+        by_d.setdefault(str(rec["dmax"]) if even else "x", []).append(rec["ms"])
+    out: dict = {
+        "decode": {
+            d: {"steps": len(v), "median_ms": round(statistics.median(v), 3)}
+            for d, v in sorted(by_d.items())
+        },
+        "mixed": {"steps": len(mixed), "ms": round(sum(mixed), 1)},
+    }
+    return out
+
+
 def random_prompts(rng: random.Random, n: int) -> list[dict]:
     """N token-id prompts of 512 tokens."""
     return [
@@ -263,6 +298,11 @@ def main(argv: list[str] | None = None) -> None:
         help="gpu_memory_utilization (engines that share the GPU: each its part)",
     )  # fmt: skip
     ap.add_argument(
+        "--cudagraph-mode", default="",
+        help="compilation_config cudagraph_mode (default: vLLM's, FULL_AND_PIECEWISE); "
+        "PIECEWISE on a no-spec engine prices the full decode graph",
+    )  # fmt: skip
+    ap.add_argument(
         "--profile", default=None,
         help="VLLM_DFLASH_PROFILE file: per-section step times (adds device syncs)",
     )  # fmt: skip
@@ -290,6 +330,10 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
     if args.mode == "adaptive-fullhead":  # the session-10 adaptive mode
         os.environ["VLLM_DFLASH_DISABLE"] = "dflash_partial_draft_head"
     write_models(args.root, args.pair)
+    # one line per engine step (no device sync): summarised per timed batch
+    steps_path = os.path.abspath(f"{args.out}.steps-{args.mode}-{args.tag}.jsonl")
+    os.environ.setdefault("VLLM_DFLASH_STEP_LOG", steps_path)
+    steps_path = os.environ["VLLM_DFLASH_STEP_LOG"]
     from vllm import LLM, SamplingParams
 
     concs = [int(c) for c in args.conc.split(",")]
@@ -299,6 +343,7 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
             args.mode, args.root, args.tau, max(concs), args.tp, args.pair,
             kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
             enforce_eager=args.enforce_eager, gpu_util=args.gpu_util,
+            cudagraph_mode=args.cudagraph_mode,
         ),
         disable_log_stats=False,
     )  # fmt: skip
@@ -357,9 +402,10 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
                 before = counters()
                 t1 = time.time()
                 outs = llm.generate(prompts, sp, use_tqdm=False)
-                return outs, time.time() - t1, before, counters()
+                t2 = time.time()
+                return outs, t2 - t1, before, counters(), (t1, t2)
 
-            outs, dt, before, after = in_turn(timed)
+            outs, dt, before, after, (t1, t2) = in_turn(timed)
             d = {k: after[k] - before.get(k, 0) for k in after}
             ntok = sum(len(o.outputs[0].token_ids) for o in outs)
             drafts = d.get("vllm:spec_decode_num_drafts", 0)
@@ -369,6 +415,10 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
                 "init_s": round(init_s, 1), "gen_s": round(dt, 3), "tok_s": round(ntok / dt, 1), "tokens": ntok,
                 "acceptance_length": (d.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts + 1) if drafts else None,
             }  # fmt: skip
+            if args.cudagraph_mode:
+                rec["cudagraph_mode"] = args.cudagraph_mode
+            time.sleep(0.05)  # the engine core writes its last step's line
+            rec["steps"] = step_summary(steps_path, t1, t2 + 0.05)
             if args.profile and os.path.exists(args.profile):
                 with open(args.profile) as fh:
                     rec["profile"] = json.load(fh)

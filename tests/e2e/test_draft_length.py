@@ -22,6 +22,7 @@ benchmarks/results/.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -58,7 +59,13 @@ def pairs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, pairs, tiny_models):
+def step_log(tmp_path_factory) -> Path:
+    """The dense engine's VLLM_DFLASH_STEP_LOG (core/step_log.py)."""
+    return tmp_path_factory.mktemp("step-log") / "steps.jsonl"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, pairs, tiny_models, step_log):
     runner = OfflineRunner(tmp_path_factory.mktemp("draft-length"), tiny_models)
     prompts = tuple(tuple(p) for p in synthetic_prompts(8, (5, 40), (4, 512), seed=777))
     configs = []
@@ -72,6 +79,8 @@ def runs(tmp_path_factory, pairs, tiny_models):
         )
         if engine == "full-block":
             env += (("VLLM_DFLASH_DISABLE", "dflash_short_draft_block"),)
+        if engine == "dense":
+            env += (("VLLM_DFLASH_STEP_LOG", str(step_log)),)
         configs.append(
             dict(
                 drafter=drafter,
@@ -172,3 +181,19 @@ def test_lengths_varied_and_drafts_accepted(runs, engine):
     rows = data["draft_lengths"]["rows"]
     assert rows["context"] > 0.2 * (rows["query"] + rows["context"]), rows
     assert len(runs[engine].trace) <= rows["query"], (len(runs[engine].trace), rows)
+
+
+def test_step_log_counts_what_was_verified(runs, step_log):
+    """VLLM_DFLASH_STEP_LOG wrote one line per step of the dense engine: its
+    decode steps verified the forced lengths, and its draft tokens add up to
+    vLLM's own counter of verified drafts."""
+    lines = [json.loads(x) for x in step_log.read_text().splitlines()]
+    decode = [r for r in lines if r["decode"]]
+    assert len(decode) >= 20 and any(not r["decode"] for r in lines), len(lines)
+    assert {r["dmax"] for r in decode} <= set(SCHEDULE["dense"]), decode
+    assert {r["dmax"] for r in decode} >= {0, 7}, decode
+    assert all(r["ms"] > 0 and r["tokens"] >= r["reqs"] for r in lines)
+    counters = runs["dense"].data["spec_decode"]
+    assert (
+        sum(r["drafts"] for r in lines) == counters["vllm:spec_decode_num_draft_tokens"]
+    ), counters

@@ -22,6 +22,8 @@ def test_declared_targets_are_what_apply_changes(patch, isolated, monkeypatch):
         monkeypatch.setenv("VLLM_DFLASH_TRACE", "/dev/null")
     if patch.name == "dflash_step_profile":
         monkeypatch.setenv("VLLM_DFLASH_PROFILE", "/dev/null")
+    if patch.name == "dflash_step_log":
+        monkeypatch.setenv("VLLM_DFLASH_STEP_LOG", "/dev/null")
     for target in patch.targets:
         _resolve(target)  # the owner exists in this vLLM
     isolated(patch)

@@ -26,16 +26,18 @@ Two patches, one per process that needs them:
   4. tells the worker on the scheduler output (attribute ``vllm_dflash_drafts_next``)
      how many drafts the next step verifies at most (the policy's length for
      this batch): at 0 the drafter runs a context-only pass
-     (``spec_decode/context_only_pass.py``), below ``k`` its draft head computes
-     only those positions (``spec_decode/partial_draft_head.py``); the next step
-     is capped at that number;
+     (``spec_decode/context_only_pass.py``), below ``k`` a block of that many
+     masks (``spec_decode/short_draft_block.py``; or the full block with its
+     draft head over those positions only, ``spec_decode/partial_draft_head.py``);
+     the next step is capped at that number;
   5. when the step's output arrives, feeds the policy the wall time since the
      previous output (decode-only steps whose length and bucket equal the step
      before: no prefill, no transition) and the accepted count per request.
 
-Greedy output is unchanged (verification of fewer drafts is still exact), and
-the drafts that are verified are the first ``d`` of the full block: the drafter
-always drafts the whole block, so they equal the reference's.
+Greedy output is unchanged (verification of fewer drafts is still exact). Before
+a step that verifies ``0 < d < k`` drafts the drafter runs a block of ``d`` masks
+(``spec_decode/short_draft_block.py``): its drafts equal the reference's for that
+block (with that patch disabled, the full block's first ``d``).
 """
 
 from __future__ import annotations
