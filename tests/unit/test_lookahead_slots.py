@@ -131,3 +131,36 @@ def test_first_draft_writes_only_owned_blocks(prompt_len: int) -> None:
         f"{state.value}"
     )
     assert (kv.view(-1)[slots] == 1.0).all()
+
+
+def test_probe_writes_nothing_to_the_vllm_log() -> None:
+    """The probe runs in every engine core, DFlash or not (on import of the
+    scheduler module). Its stand-in VllmConfig and Scheduler log INFO lines and,
+    on CPU, vLLM's block-size WARNING, about a configuration that is not the
+    user's: none of it may reach the log."""
+    import logging
+
+    import vllm.logger  # noqa: F401  (configures the "vllm" tree before we hook it)
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    tree = logging.getLogger("vllm")
+    handler, level = Keep(logging.DEBUG), tree.level
+    tree.addHandler(handler)
+    tree.setLevel(logging.INFO)
+    try:
+        lookahead.probe()
+        stock = len(records)
+        lookahead.build_scheduler(lookahead._PROBE_K, lookahead._PROBE_BLOCK)
+    finally:
+        tree.removeHandler(handler)
+        tree.setLevel(level)
+    assert stock == 0, [r.getMessage() for r in records[:stock]]
+    # the same construction unsilenced does log (the check above can fail):
+    # vLLM's IR-priority INFO line, and on CPU its block-size WARNING
+    assert len(records) > 0
+    assert tree.level == level

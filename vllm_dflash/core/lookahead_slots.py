@@ -24,6 +24,7 @@ import inspect
 from types import SimpleNamespace
 from typing import Any
 
+from vllm_dflash.logger import vllm_logs_silenced
 from vllm_dflash.registry import (
     ALL_PLATFORMS,
     V020,
@@ -132,8 +133,9 @@ def probe() -> bool:
     """True if a new DFlash request whose query block crosses its last block
     gets too few blocks (prompt ``B - k`` tokens: needs ``B + 1`` slots)."""
     k, b = _PROBE_K, _PROBE_BLOCK
-    sched = build_scheduler(k, b)
-    return first_schedule_blocks(sched, b - k) < 2
+    with vllm_logs_silenced():  # its stand-in config is not the user's
+        sched = build_scheduler(k, b)
+        return first_schedule_blocks(sched, b - k) < 2
 
 
 def _wrap_allocate(manager: Any, lookahead: int) -> None:
