@@ -70,3 +70,53 @@ def test_summary_per_batch_and_draft_length(tmp_path):
         "mixed": {"steps": 1, "ms": 50.0},
     }
     assert step_summary(str(tmp_path / "absent.jsonl"), 0, 10) == {}
+
+
+def test_step_clock_measures_between_outputs():
+    """core/step_clock.py: the first step counts from its scheduling and is not
+    after an output; a step scheduled before the previous output (asynchronous
+    scheduling) counts from that output."""
+    from vllm_dflash.core.step_clock import StepClock
+
+    clock: StepClock[str] = StepClock()
+    a, b = object(), object()
+    clock.scheduled(a, "a")
+    clock.scheduled(b, "b")
+    time.sleep(0.05)
+    first = clock.output(a)
+    time.sleep(0.05)
+    second = clock.output(b)
+    assert first is not None and second is not None
+    assert (first.payload, first.after_output) == ("a", False)
+    assert first.seconds >= 0.05
+    assert (second.payload, second.after_output) == ("b", True)
+    assert 0.04 <= second.seconds < 0.09  # from a's output, not b's scheduling
+    assert clock.output(object()) is None
+
+
+def test_adaptive_controller_times_decode_steps_with_the_clock():
+    """The adaptive controller feeds its policy the step clock's time of
+    measurable steps only (decode-only, same length and bucket as the step
+    before, after an output)."""
+    from vllm_dflash.core.adaptive_draft_length import DraftLengthController
+    from vllm_dflash.core.draft_length_policy import DraftLengthPolicy
+
+    reqs = [SimpleNamespace(request_id=r, spec_token_ids=[9] * 4) for r in "ab"]
+    sched = SimpleNamespace(running=reqs)
+    policy = DraftLengthPolicy(4)
+    seen: list[tuple[int, int, float]] = []
+    policy.observe_step = lambda n, d, dt: seen.append((n, d, dt))  # type: ignore[method-assign]
+    ctl = DraftLengthController(sched, 4, forced=(2,), policy=policy)
+
+    def stock():
+        return _out({"a": 3, "b": 3}, {"a": [9, 9], "b": [9, 9]})
+
+    outs = [ctl.schedule(stock) for _ in range(3)]
+    for out in outs:
+        time.sleep(0.05)
+        ctl.observe(out, SimpleNamespace())
+    # the first step has no step before it: not measurable; the others are, and
+    # each counts from the output before it (~50 ms), not from its own
+    # scheduling, which came before every output (>= 100 ms)
+    assert [(n, d) for n, d, _ in seen] == [(2, 2), (2, 2)]
+    assert all(0.04 <= dt < 0.09 for _, _, dt in seen), seen

@@ -51,6 +51,7 @@ import numpy as np
 from vllm_dflash import envs
 from vllm_dflash.config import draft_length as draft_length_config
 from vllm_dflash.core.draft_length_policy import DraftLengthPolicy, bucket_of
+from vllm_dflash.core.step_clock import StepClock
 from vllm_dflash.logger import init_logger
 from vllm_dflash.registry import (
     ALL_PLATFORMS,
@@ -75,7 +76,6 @@ _CONTROLLER = "_vllm_dflash_draft_length"
 class _Step:
     d: int
     num_reqs: int
-    scheduled_at: float
     measurable: bool  # decode-only, same length and bucket as the step before
 
 
@@ -98,9 +98,8 @@ class DraftLengthController:
         # the last step that scheduled it; 0 after a context-only pass). A request
         # that sat out a step still holds that pass's drafts: zeros after them.
         self._drafted: dict[str, int] = {}
-        self._pending: dict[int, _Step] = {}
+        self._clock: StepClock[_Step] = StepClock()
         self._prev_key: tuple[int, int] | None = None
-        self._last_output: float | None = None
         self._last_log = 0.0
         self._logged: dict[int, int] = {}
         self.steps_by_length: dict[int, int] = {}  # d -> scheduled steps (tests, logs)
@@ -166,7 +165,7 @@ class DraftLengthController:
         measurable = decode_only and key == self._prev_key
         self._prev_key = key if decode_only else None
         if n_sched:
-            self._pending[id(out)] = _Step(d, n_sched, scheduled_at, measurable)
+            self._clock.scheduled(out, _Step(d, n_sched, measurable), scheduled_at)
             self.steps_by_length[d] = self.steps_by_length.get(d, 0) + 1
             self.rows_by_pass["query" if drafts_next else "context"] += n_sched
             if 0 < drafts_next < self.k:
@@ -174,15 +173,12 @@ class DraftLengthController:
         return out
 
     def observe(self, scheduler_output: Any, model_runner_output: Any) -> None:
-        now = time.perf_counter()
-        step = self._pending.pop(id(scheduler_output), None)
-        last, self._last_output = self._last_output, now
-        if step is None:
+        timed = self._clock.output(scheduler_output)
+        if timed is None:
             return
-        if step.measurable and last is not None:
-            self.policy.observe_step(
-                step.num_reqs, step.d, now - max(last, step.scheduled_at)
-            )
+        step = timed.payload
+        if step.measurable and timed.after_output:
+            self.policy.observe_step(step.num_reqs, step.d, timed.seconds)
         spec = scheduler_output.scheduled_spec_decode_tokens
         sampled = getattr(model_runner_output, "sampled_token_ids", None)
         index = getattr(model_runner_output, "req_id_to_index", None)
@@ -195,7 +191,7 @@ class DraftLengthController:
                     accepted.append(len(sampled[i]) - 1)
             if drafts:
                 self.policy.observe_acceptance(np.array(drafts), np.array(accepted))
-        self._maybe_log(now)
+        self._maybe_log(time.perf_counter())
 
     def _maybe_log(self, now: float) -> None:
         if self.forced is not None or now - self._last_log < 10.0:

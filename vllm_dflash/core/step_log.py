@@ -3,9 +3,8 @@
 
 A measuring aid, installed only when the variable is set, in the engine core
 (the scheduler's process). It adds no device sync: each line says what the
-scheduler sent to the workers and the wall time from the later of the step's
-scheduling and the previous step's output to this step's output, the same
-clock ``"draft_length": "adaptive"`` measures with. So one log compares a
+scheduler sent to the workers and its wall time (``core/step_clock.py``, the
+clock ``"draft_length": "adaptive"`` measures with). So one log compares a
 no-speculation engine's decode step with a DFlash engine's step at each draft
 length, and shows which lengths an adaptive engine verified, batch by batch
 (``benchmarks/gpu/perf_synthetic.py`` summarises it per timed batch).
@@ -25,6 +24,7 @@ import time
 from typing import IO, Any
 
 from vllm_dflash import envs
+from vllm_dflash.core.step_clock import StepClock
 from vllm_dflash.registry import (
     ALL_PLATFORMS,
     V020,
@@ -45,8 +45,7 @@ class StepLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self._fh: IO[str] | None = None
-        self._pending: dict[int, tuple[float, dict[str, Any]]] = {}
-        self._last_output: float | None = None
+        self._clock: StepClock[dict[str, Any]] = StepClock()
 
     def scheduled(self, out: Any) -> None:
         num_reqs = len(out.num_scheduled_tokens)
@@ -56,8 +55,8 @@ class StepLog:
         drafts = sum(lengths)
         tokens = int(out.total_num_scheduled_tokens)
         new = len(out.scheduled_new_reqs)
-        self._pending[id(out)] = (
-            time.perf_counter(),
+        self._clock.scheduled(
+            out,
             {
                 "reqs": num_reqs,
                 "tokens": tokens,
@@ -69,15 +68,11 @@ class StepLog:
         )
 
     def output(self, out: Any) -> None:
-        now = time.perf_counter()
-        last, self._last_output = self._last_output, now
-        entry = self._pending.pop(id(out), None)
-        if entry is None:
+        step = self._clock.output(out)
+        if step is None:
             return
-        scheduled_at, record = entry
-        start = scheduled_at if last is None else max(last, scheduled_at)
-        line = {"t": round(time.time(), 4), "ms": round((now - start) * 1e3, 3)}
-        line.update(record)
+        line = {"t": round(time.time(), 4), "ms": round(step.seconds * 1e3, 3)}
+        line.update(step.payload)
         if self._fh is None:
             self._fh = open(self.path, "a", buffering=1)  # noqa: SIM115
         self._fh.write(json.dumps(line) + "\n")
