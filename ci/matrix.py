@@ -72,7 +72,7 @@ def ensure_overlay(version: str, spec: dict, base: Path, root: Path) -> Path:
         f"import site; site.addsitedir({base_sp!r})\n"
     )
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir",
          "--no-deps", "--ignore-installed", spec["wheel"], *spec["pins"]],
         check=True,
     )  # fmt: skip

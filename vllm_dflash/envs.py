@@ -56,3 +56,27 @@ def draft_length_schedule() -> tuple[int, ...] | None:
             "non-negative integers, e.g. 4,0,0,2"
         )
     return values
+
+
+# Comma-separated draft lengths, e.g. "0,1,3": with "draft_length": "adaptive" and
+# full CUDA graphs, the target also captures full graphs for decode batches that
+# verify exactly these lengths (vLLM captures them for k drafts only). Experimental:
+# see docs/full-graph-short-verifies.md.
+VLLM_DFLASH_SHORT_VERIFY_GRAPHS = "VLLM_DFLASH_SHORT_VERIFY_GRAPHS"
+
+
+def short_verify_graph_lengths() -> tuple[int, ...]:
+    raw = os.environ.get(VLLM_DFLASH_SHORT_VERIFY_GRAPHS, "").strip()
+    if not raw:
+        return ()
+    try:
+        values = tuple(sorted({int(v) for v in raw.split(",")}))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise ValueError(
+            f"{VLLM_DFLASH_SHORT_VERIFY_GRAPHS}={raw!r}: expected comma-separated "
+            "draft lengths below num_speculative_tokens, e.g. 0,1,3; unset it to "
+            "keep vLLM's graphs"
+        )
+    return values

@@ -86,6 +86,9 @@ class Run:
     # transition, including steps that verify nothing, under CUDA graphs).
     draft_length: str = ""
     schedule: str = ""
+    # VLLM_DFLASH_SHORT_VERIFY_GRAPHS: full CUDA graphs also for these draft lengths
+    # (spec_decode/short_verify_graphs.py); the log must say they were captured.
+    short_verify_graphs: str = ""
 
     @property
     def base(self) -> str:
@@ -169,6 +172,13 @@ RUNS = [
     Run("hybrid-swa-graph-fp32-adaptive", "swa", eager=False, fixtures="hybrid",
         dtype="float32", gdn_prefill="torch", draft_length="adaptive",
         schedule="7,0,0,3,1,5,0,2"),
+    # The same schedules with full graphs for 0, 1 and 3 drafts (1 + d divides 8):
+    # the 0-, 1- and 3-draft steps replay them, 5 and 2 stay piecewise.
+    Run("dense-graph-adaptive-svg", "swa", eager=False, draft_length="adaptive",
+        schedule="7,0,0,3,1,5,0,2", short_verify_graphs="0,1,3"),
+    Run("hybrid-swa-graph-fp32-adaptive-svg", "swa", eager=False, fixtures="hybrid",
+        dtype="float32", gdn_prefill="torch", draft_length="adaptive",
+        schedule="7,0,0,3,1,5,0,2", short_verify_graphs="0,1,3"),
     Run("hybrid-swa-eager-fp32-long-prefixcache-stock", "swa", fixtures="hybrid",
         dtype="float32", gdn_prefill="torch", min_prompt_len=320, prefix_caching=True,
         disable="hybrid_align_budget_check", defect_wrong_token=True),
@@ -258,6 +268,8 @@ def run_one(
     env = dict(os.environ)
     if run.schedule:
         env["VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE"] = run.schedule
+    if run.short_verify_graphs:
+        env["VLLM_DFLASH_SHORT_VERIFY_GRAPHS"] = run.short_verify_graphs
     if not run.defect_wrong_token:  # judged by its tokens alone: no drafts to replay
         env["VLLM_DFLASH_TRACE"] = str(trace)
     env["VLLM_DFLASH_DISABLE"] = "" if run.disable == "*" else run.disable
@@ -290,6 +302,11 @@ def run_one(
     res = {"rc": rc, "wall_s": round(time.time() - t0, 1), "backends": backends}
     if run.fixtures == "hybrid":  # the GDN prefill kernel vLLM logged
         res["gdn_prefill"] = gdn_backend.from_log(log)
+    if run.short_verify_graphs:  # what the engine said of the extra graphs
+        found = re.findall(
+            r"(full CUDA graphs also for .*|SHORT_VERIFY_GRAPHS.*unused.*)", log
+        )
+        res["short_graphs"] = found[0] if found else None
     return {**res,
             "expected_failure_seen": bool(run.fail_pattern)
             and re.search(run.fail_pattern, log) is not None}  # fmt: skip
@@ -489,6 +506,10 @@ def evaluate(report: dict) -> list[dict]:
         ):
             add("gdn_prefill", name, r["gdn_prefill"] == want,
                 f"vLLM logged {r['gdn_prefill']}, expected {want}")  # fmt: skip
+        if run.short_verify_graphs:
+            seen = r.get("short_graphs") or ""
+            add("graphs", name, seen.startswith("full CUDA graphs also"),
+                seen or "the engine logged nothing about the extra graphs")  # fmt: skip
         if not run.drafter:
             continue
         if run.defect_wrong_token:

@@ -417,6 +417,10 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
             }  # fmt: skip
             if args.cudagraph_mode:
                 rec["cudagraph_mode"] = args.cudagraph_mode
+            if os.environ.get("VLLM_DFLASH_SHORT_VERIFY_GRAPHS"):
+                rec["short_verify_graphs"] = os.environ[
+                    "VLLM_DFLASH_SHORT_VERIFY_GRAPHS"
+                ]
             time.sleep(0.05)  # the engine core writes its last step's line
             rec["steps"] = step_summary(steps_path, t1, t2 + 0.05)
             if args.profile and os.path.exists(args.profile):

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.conftest import restore_after
 from vllm_dflash import envs
 from vllm_dflash.spec_decode import cudagraph_memory as cm
 
@@ -115,9 +116,14 @@ def fake_device(monkeypatch):
 
 @pytest.fixture(scope="module", autouse=True)
 def _patched():
+    """Applied for this module only: later tests chain their own patches in
+    catalog order (test_short_verify_graphs.py) and must not find it applied."""
     assert cm.probe()
-    if cm.NAME not in envs.disabled_patches():  # VLLM_DFLASH_DISABLE: the red run
-        cm.apply()
+    with pytest.MonkeyPatch.context() as mp:
+        restore_after(mp, cm.PATCH)
+        if cm.NAME not in envs.disabled_patches():  # VLLM_DFLASH_DISABLE: the red run
+            cm.apply()
+        yield
 
 
 def _profile(runner) -> int:

@@ -61,6 +61,7 @@ from vllm_dflash.registry import (
     is_patched,
     replace_attr,
 )
+from vllm_dflash.spec_decode import short_verify_graphs
 
 logger = init_logger(__name__)
 
@@ -297,7 +298,12 @@ def scheduler_apply() -> None:
             k,
             forced=envs.draft_length_schedule(),
             policy=DraftLengthPolicy(
-                k, full_graph_tokens=full_graph_tokens(vllm_config)
+                k,
+                full_graph_tokens=full_graph_tokens(vllm_config),
+                short_graph_tokens=short_verify_graphs.graph_tokens_by_length(
+                    vllm_config, k
+                ),
+                max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
             ),
         )
         setattr(self, _CONTROLLER, ctl)

@@ -35,7 +35,9 @@ cheaper than shorter lengths (H200, one request: 7.1 ms for 15 drafts, 8.1-12.9
 ms for 2-11; ``h200-2026-12-02-s15``), so it keeps its own median and only the
 shorter lengths are fitted, and a bucket whose batches get no full graph does not
 start from a neighbour's k that won by its graph (it starts from that
-neighbour's best shorter length).
+neighbour's best shorter length). Shorter lengths that an adaptive engine also
+runs as full graphs (``VLLM_DFLASH_SHORT_VERIFY_GRAPHS``, experimental) keep
+their own medians the same way and may be probed although they add no tokens.
 Of lengths that score within 1% of the best (with fitted times, a block of
 lengths that cost the same differs only by the acceptance of its last positions),
 the shortest is taken. For the same reason a longer length whose expected tokens
@@ -133,6 +135,9 @@ class _Bucket:
     last_reprobe: int = 0
     # k may run as the target's full CUDA graph here: not fitted with the others
     graph_k: bool = False
+    # indices of shorter candidates that run as full CUDA graphs here too
+    # (VLLM_DFLASH_SHORT_VERIFY_GRAPHS): also kept out of the fit
+    graph: frozenset[int] = frozenset()
 
 
 class DraftLengthPolicy:
@@ -145,6 +150,8 @@ class DraftLengthPolicy:
         reprobe_every: int = 512,
         acceptance_decay: float = 0.995,
         full_graph_tokens: int = 0,
+        short_graph_tokens: dict[int, int] | None = None,
+        max_num_reqs: int | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
@@ -161,6 +168,11 @@ class DraftLengthPolicy:
         # largest batch (tokens) that runs as the target's full CUDA graph when
         # every request verifies k drafts; 0: no full graphs
         self.full_graph_tokens = full_graph_tokens
+        # per shorter draft length with full CUDA graphs: the largest batch
+        # (tokens) that runs as one (spec_decode/short_verify_graphs.py)
+        self.short_graph_tokens = dict(short_graph_tokens or {})
+        # the engine's max_num_seqs: a bucket's batches are never larger
+        self.max_num_reqs = max_num_reqs
         # tried[j] / accepted[j]: requests whose step verified draft j+1 (1-based
         # position j+1), and those of them that accepted it. Prior: one in two.
         self.tried = np.full(k, 2.0)
@@ -214,8 +226,13 @@ class DraftLengthPolicy:
             and cost.samples >= self.probe_samples
             and cost.seconds > 0
         ]
-        # k with a full CUDA graph keeps its own time (module docstring)
-        own = [m for m in measured if bucket.graph_k and m[0] == self._k_index]
+        # k with a full CUDA graph keeps its own time (module docstring), and so
+        # does a shorter length with one
+        own = [
+            m
+            for m in measured
+            if (bucket.graph_k and m[0] == self._k_index) or m[0] in bucket.graph
+        ]
         measured = [m for m in measured if m not in own]
         fitted = monotone_fit(
             [c.seconds for _, c in measured], [len(c.recent) for _, c in measured]
@@ -232,10 +249,18 @@ class DraftLengthPolicy:
         bucket = self.buckets.get(b)
         if bucket is None:
             largest = (1 << b) - 1  # bucket b: batches of 2**(b-1) .. 2**b - 1
+            if self.max_num_reqs:
+                largest = min(largest, self.max_num_reqs)
             # every batch of the bucket runs k as a full graph (a bucket where
             # only its smallest batches do is fitted as before)
             graph_k = largest * (1 + self.k) <= self.full_graph_tokens
-            bucket = self.buckets[b] = _Bucket(graph_k=graph_k)
+            graph = frozenset(
+                i
+                for i, d in enumerate(self.candidates)
+                if d in self.short_graph_tokens
+                and largest * (1 + d) <= self.short_graph_tokens[d]
+            )
+            bucket = self.buckets[b] = _Bucket(graph_k=graph_k, graph=graph)
         return bucket
 
     def _start_index(self, b: int) -> int:
@@ -272,8 +297,9 @@ class DraftLengthPolicy:
         """Whether a longer candidate ``j`` can beat ``i``: its expected tokens
         (``gains``: :meth:`_expected`) exceed ``i``'s by more than TIE (else,
         costing no less, it scores within TIE of ``i`` at best and the shorter
-        ``i`` is kept), or it is k running as a full CUDA graph."""
-        if j == self._k_index and bucket.graph_k:
+        ``i`` is kept), or it runs as a full CUDA graph (k, or a shorter length
+        given one by ``VLLM_DFLASH_SHORT_VERIFY_GRAPHS``)."""
+        if (j == self._k_index and bucket.graph_k) or j in bucket.graph:
             return True
         return gains[self.candidates[j]] > gains[self.candidates[i]] * (1.0 + TIE)
 
