@@ -219,10 +219,13 @@ def step_summary(path: str, t0: float, t1: float) -> dict:
     """The engine steps whose output came between wall times t0 and t1, from a
     VLLM_DFLASH_STEP_LOG file: per draft length of the decode-only steps (every
     request one token plus d drafts; "x" where requests verified different
-    numbers), the number of steps and their median milliseconds; the steps with
-    a prefill chunk ("mixed") in total."""
+    numbers), the number of steps, their median, slowest and total milliseconds;
+    the steps with a prefill chunk ("mixed") in total; and the three slowest steps
+    of the batch (ms, kind, requests): a first-use cost (a kernel compiled for a
+    new shape) is one slow step, a slower draft length is many."""
     by_d: dict[str, list[float]] = {}
     mixed: list[float] = []
+    every: list[tuple[float, str, int]] = []
     try:
         with open(path) as fh:
             lines = [json.loads(line) for line in fh if line.strip()]
@@ -233,15 +236,26 @@ def step_summary(path: str, t0: float, t1: float) -> dict:
             continue
         if not rec["decode"]:
             mixed.append(rec["ms"])
+            every.append((rec["ms"], "mixed", rec["reqs"]))
             continue
         even = rec["drafts"] == rec["dmax"] * rec["reqs"]
-        by_d.setdefault(str(rec["dmax"]) if even else "x", []).append(rec["ms"])
+        kind = str(rec["dmax"]) if even else "x"
+        by_d.setdefault(kind, []).append(rec["ms"])
+        every.append((rec["ms"], kind, rec["reqs"]))
     out: dict = {
         "decode": {
-            d: {"steps": len(v), "median_ms": round(statistics.median(v), 3)}
+            d: {
+                "steps": len(v),
+                "median_ms": round(statistics.median(v), 3),
+                "max_ms": round(max(v), 3),
+                "ms": round(sum(v), 1),
+            }
             for d, v in sorted(by_d.items())
         },
         "mixed": {"steps": len(mixed), "ms": round(sum(mixed), 1)},
+        "slowest": [
+            [round(ms, 3), kind, reqs] for ms, kind, reqs in sorted(every)[::-1][:3]
+        ],
     }
     return out
 

@@ -63,11 +63,13 @@ def test_summary_per_batch_and_draft_length(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert step_summary(str(path), 1.5, 3.0) == {
         "decode": {
-            "0": {"steps": 2, "median_ms": 11.0},
-            "3": {"steps": 1, "median_ms": 30.0},
-            "x": {"steps": 1, "median_ms": 20.0},  # requests verified 3, 3, 3, 1
+            "0": {"steps": 2, "median_ms": 11.0, "max_ms": 12.0, "ms": 22.0},
+            "3": {"steps": 1, "median_ms": 30.0, "max_ms": 30.0, "ms": 30.0},
+            # requests verified 3, 3, 3, 1
+            "x": {"steps": 1, "median_ms": 20.0, "max_ms": 20.0, "ms": 20.0},
         },
         "mixed": {"steps": 1, "ms": 50.0},
+        "slowest": [[50.0, "mixed", 4], [30.0, "3", 4], [20.0, "x", 4]],
     }
     assert step_summary(str(tmp_path / "absent.jsonl"), 0, 10) == {}
 
