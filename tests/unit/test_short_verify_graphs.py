@@ -7,6 +7,7 @@ run on stand-in runners (no CUDA graphs on the CPU)."""
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -100,6 +101,8 @@ def _decode_step(runner, drafts: list[int]):
     tokens = np.array([1 + max(d, 0) for d in drafts], dtype=np.int32)
     runner.num_decode_draft_tokens.np[:n] = drafts
     runner.num_decode_draft_tokens.np[n:] = -1
+    # what dflash_prefill_not_uniform_decode's execute_model records for the step
+    setattr(runner, prefill_alias._SPEC_ROWS, sum(d >= 0 for d in drafts))
     mode, desc, *_ = GPUModelRunner._determine_batch_execution_and_padding(
         runner,
         num_tokens=int(tokens.sum()),
@@ -112,8 +115,16 @@ def _decode_step(runner, drafts: list[int]):
 
 
 @pytest.fixture
-def patched(isolated, monkeypatch):
-    """short_verify_graphs applied alone for 0,1,3 (CUDA-only: applied by hand)."""
+def with_prefill_alias(isolated):
+    """dflash_prefill_not_uniform_decode, which counts each step's drafted rows."""
+    isolated(prefill_alias.PATCH)
+    prefill_alias.PATCH.apply()
+
+
+@pytest.fixture
+def patched(with_prefill_alias, isolated, monkeypatch):
+    """short_verify_graphs for 0,1,3 over prefill_alias, in catalog order
+    (CUDA-only patches: applied by hand)."""
     monkeypatch.setenv(envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS, "0,1,3")
     isolated(svg.PATCH)
     svg.PATCH.apply()
@@ -156,17 +167,19 @@ def test_keys_added_for_each_length_and_disjoint_from_vllms():
     full = runner.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
     stock = set(full)
     assert {(d.num_tokens, d.num_reqs) for d in stock} == {(s, s // 16) for s in SIZES}
-    assert svg.add_keys(runner, (0, 1, 2, 3)) == frozenset({1, 2, 4})  # 2: 3 ∤ 16
+    # 2: 3 does not divide 16; the largest batch each query length's keys cover
+    assert svg.add_keys(runner, (0, 1, 2, 3)) == {1: 256, 2: 512, 4: 512}
     extra = full - stock
     want = {(s, s // q) for q in (1, 2, 4) for s in SIZES if q <= s <= q * MAX_SEQS}
     assert {(d.num_tokens, d.num_reqs) for d in extra} == want
     assert len(extra) == 16 + 32 + 32
     assert all(d.uniform for d in extra)
     assert len({(d.num_tokens, d.num_reqs) for d in full}) == len(full)
-    assert svg.add_keys(runner, (0, 1, 3)) == frozenset({1, 2, 4})  # idempotent
+    assert svg.add_keys(runner, (0, 1, 3)) == {1: 256, 2: 512, 4: 512}  # idempotent
     assert len(full - stock) == len(extra)
 
 
+@pytest.mark.usefixtures("with_prefill_alias")
 @pytest.mark.parametrize(
     ("mode_name", "adaptive", "reason"),
     [
@@ -180,6 +193,58 @@ def test_off_reason(mode_name, adaptive, reason):
     runner = _runner(mode_name, adaptive)
     got = svg.off_reason(runner)
     assert (got is None) if reason is None else (reason in got), got
+
+
+def test_off_without_prefill_alias():
+    """The run-time check reads dflash_prefill_not_uniform_decode's count of
+    drafted rows: without that patch the feature stays off (a step after a 0-draft
+    one with no draft lists would find stale draft counts in the runner)."""
+    assert "dflash_prefill_not_uniform_decode is not applied" in svg.off_reason(
+        _runner()
+    )
+
+
+@pytest.mark.parametrize("max_seqs", [1, 4, 8, 24])
+def test_small_max_num_seqs_never_replays_another_lengths_graph(
+    patched, monkeypatch, max_seqs
+):
+    """vLLM caps a uniform batch's padded num_reqs at max_num_seqs; a padded size
+    beyond q x max_num_seqs would then name another query length's key (helper
+    review, session 20: max_num_seqs 1, 4, 8). Every FULL dispatch of a d-draft
+    step must be a graph of 1 + d tokens per request."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    # 24: q = 1 has keys up to 16 tokens; 17-24 one-token rows pad to 48, and
+    # vLLM's (48, min(48, 24)) is q = 2's key (48, 24)
+    sizes = {1: [16, 32], 4: list(range(16, 129, 16)), 8: list(range(16, 257, 16))}
+    monkeypatch.setattr(sys.modules[__name__], "MAX_SEQS", max_seqs)
+    monkeypatch.setattr(sys.modules[__name__], "SIZES", sizes.get(max_seqs, [16, 48]))
+    runner = _runner()
+    GPUModelRunner._check_and_update_cudagraph_mode(runner, [], [])
+    full = 0
+    for d in (0, 1, 3, K):
+        for n in range(1, max_seqs + 1):
+            mode, desc = _decode_step(runner, [d] * n)
+            if mode is CUDAGraphMode.FULL:
+                full += 1
+                assert desc.num_tokens == (1 + d) * desc.num_reqs, (d, n, desc)
+    assert full  # some steps do replay full graphs
+
+
+def test_step_without_draft_lists_is_not_swapped(patched):
+    """One-token rows that carry no draft list this step (prefill_alias counted
+    none) keep vLLM's dispatch, whatever the runner's draft counts still say."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = _runner()
+    GPUModelRunner._check_and_update_cudagraph_mode(runner, [], [])
+    mode, _ = _decode_step(runner, [0] * 100)
+    assert mode is CUDAGraphMode.FULL
+    for rows in (0, 99, None):  # counted rows: none, one short, outside a step
+        setattr(runner, prefill_alias._SPEC_ROWS, rows)
+        assert svg.step_query_len(runner, 100, 100, 1) is None
 
 
 def test_zero_draft_step_replays_a_full_graph(patched):
@@ -315,18 +380,17 @@ def test_memory_profile_captures_through_it(isolated, monkeypatch):
     assert (256, 1) in captured and (512, 16) in captured
     assert len(captured) == 16 + 32  # q = 1: 16..256; q = 16: 16..512
 
-    setattr(runner, prefill_alias._SPEC_ROWS, 250)
     mode, desc = _decode_step(runner, [0] * 250)
     assert (mode, desc.num_reqs) == (CUDAGraphMode.FULL, 256)
-    setattr(runner, prefill_alias._SPEC_ROWS, 249)  # one request has no draft list
-    mode, _ = _decode_step(runner, [0] * 250)
-    assert mode is CUDAGraphMode.PIECEWISE
 
 
 def test_scheduler_sees_the_same_lengths(monkeypatch):
     """The policy's view (scheduler process) of which lengths have full graphs:
     the worker's rule on vLLM's rounded sizes; none for fixed engines, without
     the variable or when the patch is disabled."""
+    import vllm_dflash.compat
+
+    monkeypatch.setattr(vllm_dflash.compat, "platform_name", lambda: "cuda")
     cfg = _vllm_config()
     cfg.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8] + list(
         range(16, 513, 8)
@@ -335,7 +399,12 @@ def test_scheduler_sees_the_same_lengths(monkeypatch):
     monkeypatch.setenv(envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS, "0,1,2,3")
     assert svg.graph_tokens_by_length(cfg, K) == {0: 256, 1: 512, 3: 512}
     assert svg.graph_tokens_by_length(_vllm_config(adaptive=False), K) == {}
+    monkeypatch.setenv(envs.VLLM_DFLASH_DISABLE, prefill_alias.NAME)
+    assert svg.graph_tokens_by_length(cfg, K) == {}
     monkeypatch.setenv(envs.VLLM_DFLASH_DISABLE, svg.NAME)
+    assert svg.graph_tokens_by_length(cfg, K) == {}
+    monkeypatch.delenv(envs.VLLM_DFLASH_DISABLE)
+    monkeypatch.setattr(vllm_dflash.compat, "platform_name", lambda: "cpu")
     assert svg.graph_tokens_by_length(cfg, K) == {}
 
 

@@ -21,10 +21,15 @@ and 7 qualify). Three changes, all keyed on the runner:
 * keys: after vLLM initialises the dispatcher's keys, add FULL
   ``BatchDescriptor(s, s // q, uniform=True)`` for every capture size
   ``q <= s <= q * max_num_seqs`` (unique: ``num_reqs`` differs per ``q``);
-* run: a step whose requests are all speculative decodes (the runner's
-  ``num_decode_draft_tokens`` >= 0 on every row, set by ``_prepare_inputs``)
-  of exactly ``q`` tokens each is dispatched with ``q`` as the uniform query
-  length, so it finds its FULL key (vLLM's own shape check does the rest);
+* run: a step whose requests all have draft lists (counted per step by
+  ``dflash_prefill_not_uniform_decode``, required) and are all speculative
+  decodes (the runner's ``num_decode_draft_tokens`` >= 0, set by
+  ``_prepare_inputs``) of exactly ``q`` tokens each, no more than ``q``'s
+  largest key, is dispatched with ``q`` as the uniform query length, so it
+  finds its FULL key (vLLM's own shape check does the rest). Beyond that size
+  vLLM caps the padded ``num_reqs`` at ``max_num_seqs``, which can name another
+  query length's key; a FULL result that is not ``q`` tokens per request is
+  dispatched again the stock way;
 * capture: such a descriptor is warmed up and captured with ``q`` as the query
   length, so ``_dummy_run`` builds its batch and attention metadata for ``q``.
 
@@ -51,9 +56,10 @@ from vllm_dflash.registry import (
     PatchKind,
     PatchState,
     code_reads,
+    is_patched,
     replace_attr,
 )
-from vllm_dflash.spec_decode import uses_dflash
+from vllm_dflash.spec_decode import prefill_alias, uses_dflash
 
 logger = init_logger(__name__)
 
@@ -61,6 +67,9 @@ NAME = "dflash_short_verify_full_graphs"
 # On a runner: the extra uniform query lengths that have FULL keys (set when the
 # dispatcher's keys are initialised; absent or empty: the feature is off there).
 _QUERY_LENS = "_vllm_dflash_short_verify_query_lens"
+# Set per execute_model by dflash_prefill_not_uniform_decode: requests of the step
+# that have a draft list (possibly empty); this patch needs it (off_reason).
+_SPEC_ROWS = prefill_alias._SPEC_ROWS
 
 
 def usable_lengths(
@@ -81,11 +90,14 @@ def usable_lengths(
     return usable, rejected
 
 
-def rounded_capture_sizes(sizes: Sequence[int], k: int, max_size: int) -> list[int]:
+def rounded_capture_sizes(
+    sizes: Sequence[int], k: int, max_size: int, multiple_of: int = 0
+) -> list[int]:
     """The capture sizes a worker of a speculative engine with full decode graphs
-    uses: vLLM rounds them up to multiples of ``1 + k`` within ``max_size``
+    uses: vLLM rounds them up to multiples of ``1 + k`` (of ``max(1 + k, tp)``
+    with sequence parallelism: ``multiple_of``) within ``max_size``
     (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``)."""
-    q = 1 + k
+    q = multiple_of or 1 + k
     rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= max_size})
     if not rounded and q <= max_size:
         rounded = [q]
@@ -94,28 +106,36 @@ def rounded_capture_sizes(sizes: Sequence[int], k: int, max_size: int) -> list[i
 
 def graph_tokens_by_length(vllm_config: Any, k: int) -> dict[int, int]:
     """Per extra draft length with full graphs in this engine: the largest batch,
-    in tokens, that runs as one (for the scheduler's policy, which sees the
-    configuration as the user gave it; the worker decides the same way)."""
+    in tokens, that runs as one. For the scheduler's policy, which sees the
+    configuration as the user gave it: the worker decides by the same rules, on
+    the mode its attention backends allow (a backend without full graphs lowers
+    it there, and these lengths then run piecewise, as the policy's k does)."""
+    from vllm_dflash.compat import platform_name
     from vllm_dflash.core.adaptive_draft_length import full_graph_tokens
 
     if (
         not os.environ.get(envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS, "").strip()
-        or NAME in envs.disabled_patches()
+        or {NAME, prefill_alias.NAME} & envs.disabled_patches()
+        or platform_name() not in PATCH.platforms
         or draft_length.mode_of(vllm_config) != draft_length.ADAPTIVE
         or not full_graph_tokens(vllm_config)
         or _unsupported(vllm_config) is not None
     ):
         return {}
     compilation = vllm_config.compilation_config
-    max_size = int(compilation.max_cudagraph_capture_size or 0)
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    sp = tp > 1 and compilation.pass_config.enable_sp
     sizes = rounded_capture_sizes(
-        compilation.cudagraph_capture_sizes or [], k, max_size
+        compilation.cudagraph_capture_sizes or [],
+        k,
+        int(compilation.max_cudagraph_capture_size or 0),
+        max(1 + k, tp) if sp else 0,
     )
     usable, _ = usable_lengths(envs.short_verify_graph_lengths(), k, sizes)
     max_num_seqs = vllm_config.scheduler_config.max_num_seqs
     out = {}
     for d in usable:
-        fits = [s for s in sizes if s <= (1 + d) * max_num_seqs]
+        fits = [s for s in sizes if 1 + d <= s <= (1 + d) * max_num_seqs]
         if fits:
             out[d] = max(fits)
     return out
@@ -133,6 +153,19 @@ def _unsupported(vllm_config: Any) -> str | None:
     return None
 
 
+def prefill_alias_applied() -> bool:
+    """Whether dflash_prefill_not_uniform_decode wraps the runner's execute_model
+    (it sets the per-step count of drafted rows this patch reads)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    f = GPUModelRunner.execute_model
+    while f is not None:
+        if is_patched(f, prefill_alias.NAME):
+            return True
+        f = getattr(f, "__wrapped_original__", None)
+    return False
+
+
 def off_reason(runner: Any) -> str | None:
     """Why this runner keeps vLLM's graphs only (None: it gets the extra ones)."""
     from vllm.config import CUDAGraphMode
@@ -141,6 +174,8 @@ def off_reason(runner: Any) -> str | None:
         return "not a DFlash engine"
     if draft_length.mode_of(runner.vllm_config) != draft_length.ADAPTIVE:
         return 'speculative_config.draft_length is not "adaptive"'
+    if not prefill_alias_applied():
+        return f"{prefill_alias.NAME} is not applied (it counts the drafted rows)"
     mode = runner.cudagraph_dispatcher.cudagraph_mode
     if mode.decode_mode() != CUDAGraphMode.FULL or not mode.separate_routine():
         return f"cudagraph_mode {mode.name} has no separate full decode graphs"
@@ -162,44 +197,52 @@ def decode_descriptors(
     ]
 
 
-def add_keys(runner: Any, lengths: Sequence[int]) -> frozenset[int]:
-    """Add the FULL keys of ``lengths`` to the runner's dispatcher; returns the
-    query lengths that got them."""
+def add_keys(runner: Any, lengths: Sequence[int]) -> dict[int, int]:
+    """Add the FULL keys of ``lengths`` to the runner's dispatcher; returns, per
+    query length that has keys, the largest batch (tokens) they cover."""
     from vllm.config import CUDAGraphMode
 
     dispatcher = runner.cudagraph_dispatcher
     sizes = list(runner.compilation_config.cudagraph_capture_sizes or [])
     usable, rejected = usable_lengths(lengths, runner.num_spec_tokens, sizes)
-    if rejected:
-        logger.warning(
-            "DFlash: %s=%s: no full CUDA graphs for draft lengths %s (need d < "
-            "num_speculative_tokens=%d and 1 + d dividing every capture size %s)",
-            envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS,
-            ",".join(map(str, lengths)),
-            rejected,
-            runner.num_spec_tokens,
-            sizes,
-        )
     max_num_seqs = runner.scheduler_config.max_num_seqs
     full = dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
     taken = {(d.num_tokens, d.num_reqs) for d in full}
+    limits: dict[int, int] = {}
     added = 0
     for d in usable:
-        for desc in decode_descriptors(sizes, 1 + d, max_num_seqs):
+        descs = decode_descriptors(sizes, 1 + d, max_num_seqs)
+        if not descs:  # every capture size holds more than max_num_seqs rows
+            rejected.append(d)
+            continue
+        for desc in descs:
             if (desc.num_tokens, desc.num_reqs) in taken and desc not in full:
                 raise RuntimeError(f"full CUDA graph key {desc} collides with vLLM's")
             if desc not in full:
                 dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, desc)
                 added += 1
-    if usable:
+        limits[1 + d] = max(desc.num_tokens for desc in descs)
+    if rejected:
+        logger.warning(
+            "DFlash: %s=%s: no full CUDA graphs for draft lengths %s (need d < "
+            "num_speculative_tokens=%d, 1 + d dividing every capture size %s, and "
+            "a size of at most (1 + d) x max_num_seqs=%d)",
+            envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS,
+            ",".join(map(str, lengths)),
+            sorted(rejected),
+            runner.num_spec_tokens,
+            sizes,
+            max_num_seqs,
+        )
+    if added:
         logger.info(
             "DFlash: full CUDA graphs also for decodes verifying %s drafts "
             "(%d more graphs; %s)",
-            usable,
+            [q - 1 for q in sorted(limits)],
             added,
             envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS,
         )
-    return frozenset(1 + d for d in usable)
+    return limits
 
 
 @contextlib.contextmanager
@@ -218,15 +261,28 @@ def step_query_len(
     runner: Any, num_tokens: int, num_reqs: int, max_num_scheduled_tokens: int
 ) -> int | None:
     """The extra query length a real step runs as a full graph, if any: every
-    row a speculative decode (draft count >= 0: no prefill chunk, no undrafted
-    row) and every row ``q`` tokens."""
-    qs = getattr(runner, _QUERY_LENS, None)
+    row a speculative decode with a draft list (dflash_prefill_not_uniform_decode
+    counts them per step; the runner's ``num_decode_draft_tokens`` >= 0: no
+    prefill chunk) of exactly ``q`` tokens, and a batch no larger than ``q``'s
+    largest key (beyond it vLLM caps the padded ``num_reqs`` at ``max_num_seqs``,
+    which would name another query length's graph)."""
+    limits = getattr(runner, _QUERY_LENS, None)
     q = max_num_scheduled_tokens
-    if not qs or q not in qs or num_reqs <= 0 or num_tokens != q * num_reqs:
+    if not limits or q not in limits or num_reqs <= 0 or num_tokens != q * num_reqs:
+        return None
+    if num_tokens > limits[q] or getattr(runner, _SPEC_ROWS, None) != num_reqs:
         return None
     if not (runner.num_decode_draft_tokens.np[:num_reqs] >= 0).all():
         return None
     return q
+
+
+def _dispatched_as(desc: Any, q: int) -> bool:
+    return (
+        bool(desc.uniform)
+        and desc.num_reqs is not None
+        and (desc.num_tokens == q * desc.num_reqs)
+    )
 
 
 def probe() -> bool:
@@ -247,6 +303,7 @@ def probe() -> bool:
 
 
 def apply() -> None:
+    from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     lengths = envs.short_verify_graph_lengths()  # a bad value fails here, loudly
@@ -265,7 +322,7 @@ def apply() -> None:
                 envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS,
                 reason,
             )
-            setattr(self, _QUERY_LENS, frozenset())
+            setattr(self, _QUERY_LENS, {})
         return out
 
     def _determine_batch_execution_and_padding(
@@ -278,7 +335,10 @@ def apply() -> None:
             q = step_query_len(self, num_tokens, num_reqs, max_tokens or 0)
             if q is not None:
                 with query_len(self, q):
-                    return stock_determine(self, num_tokens, num_reqs, *args, **kwargs)
+                    out = stock_determine(self, num_tokens, num_reqs, *args, **kwargs)
+                if out[0] != CUDAGraphMode.FULL or _dispatched_as(out[1], q):
+                    return out
+                # a FULL graph of another query length: never replay it
         return stock_determine(self, num_tokens, num_reqs, *args, **kwargs)
 
     def _warmup_and_capture(self, desc, *args, **kwargs):
