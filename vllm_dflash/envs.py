@@ -42,8 +42,11 @@ def step_log_path() -> str | None:
 VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE = "VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE"
 
 
-def draft_length_schedule() -> tuple[int, ...] | None:
-    raw = os.environ.get(VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE, "").strip()
+def _draft_lengths(name: str, expected: str) -> tuple[int, ...] | None:
+    """Comma-separated non-negative integers from ``name`` (None when unset); a
+    malformed value raises one line naming the variable, the value and
+    ``expected``."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
@@ -51,11 +54,15 @@ def draft_length_schedule() -> tuple[int, ...] | None:
     except ValueError:
         values = ()
     if not values or min(values) < 0:
-        raise ValueError(
-            f"{VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE}={raw!r}: expected comma-separated "
-            "non-negative integers, e.g. 4,0,0,2"
-        )
+        raise ValueError(f"{name}={raw!r}: expected {expected}")
     return values
+
+
+def draft_length_schedule() -> tuple[int, ...] | None:
+    return _draft_lengths(
+        VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE,
+        "comma-separated non-negative integers, e.g. 4,0,0,2",
+    )
 
 
 # Comma-separated draft lengths, e.g. "0,1,3": with "draft_length": "adaptive" and
@@ -66,17 +73,9 @@ VLLM_DFLASH_SHORT_VERIFY_GRAPHS = "VLLM_DFLASH_SHORT_VERIFY_GRAPHS"
 
 
 def short_verify_graph_lengths() -> tuple[int, ...]:
-    raw = os.environ.get(VLLM_DFLASH_SHORT_VERIFY_GRAPHS, "").strip()
-    if not raw:
-        return ()
-    try:
-        values = tuple(sorted({int(v) for v in raw.split(",")}))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 0:
-        raise ValueError(
-            f"{VLLM_DFLASH_SHORT_VERIFY_GRAPHS}={raw!r}: expected comma-separated "
-            "draft lengths below num_speculative_tokens, e.g. 0,1,3; unset it to "
-            "keep vLLM's graphs"
-        )
-    return values
+    values = _draft_lengths(
+        VLLM_DFLASH_SHORT_VERIFY_GRAPHS,
+        "comma-separated draft lengths below num_speculative_tokens, e.g. 0,1,3; "
+        "unset it to keep vLLM's graphs",
+    )
+    return tuple(sorted(set(values or ())))
