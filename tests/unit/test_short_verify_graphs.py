@@ -509,3 +509,49 @@ def test_bad_value_is_refused_when_the_config_is_built(monkeypatch):
     assert "\n" not in str(e.value)
     assert "VLLM_DFLASH_SHORT_VERIFY_GRAPHS='0,-1'" in str(e.value)
     assert "e.g. 0,1,3" in str(e.value)
+
+
+def test_probe_reads_vllms_code(monkeypatch):
+    """The probe looks through decorators (``_dummy_run`` is wrapped by
+    ``torch.inference_mode``): on this vLLM it says "needed" when the variable is
+    set, "not applicable" when it is not (session 20's second review: it read the
+    decorator and failed every DFlash engine)."""
+    assert svg.probe() is False
+    monkeypatch.setenv(envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS, "0")
+    assert svg.probe() is True
+
+
+def test_profiling_keeps_the_drafted_row_count(isolated, monkeypatch):
+    """dflash_step_profile (VLLM_DFLASH_PROFILE) wraps execute_model after
+    dflash_prefill_not_uniform_decode: a step still goes through that patch,
+    which records the drafted rows this patch and its own fix read."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_dflash.spec_decode import step_profile
+
+    seen: list = []
+
+    def execute_model(self, scheduler_output, *a, **kw):
+        seen.append(getattr(self, prefill_alias._SPEC_ROWS, None))
+
+    isolated(prefill_alias.PATCH)
+    isolated(step_profile.PATCH)
+    monkeypatch.setattr(GPUModelRunner, "execute_model", execute_model)
+    monkeypatch.setenv("VLLM_DFLASH_PROFILE", "/dev/null")
+    prefill_alias.PATCH.apply()
+    step_profile.PATCH.apply()
+    runner = SimpleNamespace(speculative_config=SimpleNamespace(method="dflash"))
+    step = SimpleNamespace(scheduled_spec_decode_tokens={"a": [], "b": [1, 2]})
+    GPUModelRunner.execute_model(runner, step)
+    assert seen == [2]
+
+
+def test_top_bucket_is_capped_at_max_num_seqs():
+    """A bucket's largest batch is capped at the engine's max_num_seqs (the
+    scheduler passes it): with k = 7, max_num_seqs = 64 and a 512-token capture
+    limit, every batch of the 64-127 bucket (64 x 8 = 512 tokens) runs k as a
+    full graph, so k keeps its own median there; uncapped it would not."""
+    capped = DraftLengthPolicy(7, full_graph_tokens=512, max_num_reqs=64)
+    uncapped = DraftLengthPolicy(7, full_graph_tokens=512)
+    assert capped._bucket(7).graph_k and not uncapped._bucket(7).graph_k
+    assert capped._bucket(6).graph_k == uncapped._bucket(6).graph_k  # 63 x 8

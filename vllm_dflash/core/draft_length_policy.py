@@ -171,7 +171,9 @@ class DraftLengthPolicy:
         # per shorter draft length with full CUDA graphs: the largest batch
         # (tokens) that runs as one (spec_decode/short_verify_graphs.py)
         self.short_graph_tokens = dict(short_graph_tokens or {})
-        # the engine's max_num_seqs: a bucket's batches are never larger
+        # the engine's max_num_seqs: a bucket's batches are never larger (so the
+        # top bucket runs k as a full graph where max_num_seqs x (1 + k) fits,
+        # e.g. k = 7, 64 requests, 512 tokens; session 20)
         self.max_num_reqs = max_num_reqs
         # tried[j] / accepted[j]: requests whose step verified draft j+1 (1-based
         # position j+1), and those of them that accepted it. Prior: one in two.

@@ -99,8 +99,9 @@ def probe() -> bool:
 def apply() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    stock_execute = original(GPUModelRunner.execute_model)
-    stock_determine = original(GPUModelRunner._determine_batch_execution_and_padding)
+    # the current methods: a patch applied before this one stays in the chain
+    stock_execute = GPUModelRunner.execute_model
+    stock_determine = GPUModelRunner._determine_batch_execution_and_padding
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         if not uses_dflash(self):

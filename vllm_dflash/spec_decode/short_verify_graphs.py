@@ -43,6 +43,7 @@ Experimental: not yet verified on a GPU (docs/full-graph-short-verifies.md).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -57,6 +58,7 @@ from vllm_dflash.registry import (
     PatchState,
     code_reads,
     is_patched,
+    original,
     replace_attr,
 )
 from vllm_dflash.spec_decode import prefill_alias, uses_dflash
@@ -297,7 +299,8 @@ def probe() -> bool:
         (GPUModelRunner._dummy_run, "GPUModelRunner._dummy_run"),
         (GPUModelRunner._determine_batch_execution_and_padding, "batch dispatch"),
     ):
-        if not code_reads(owner, "uniform_decode_query_len"):
+        # through decorators (_dummy_run is wrapped by torch.inference_mode)
+        if not code_reads(inspect.unwrap(original(owner)), "uniform_decode_query_len"):
             raise RuntimeError(f"{name} no longer reads uniform_decode_query_len")
     return True
 
@@ -306,7 +309,6 @@ def apply() -> None:
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    lengths = envs.short_verify_graph_lengths()  # a bad value fails here, loudly
     stock_check = GPUModelRunner._check_and_update_cudagraph_mode
     stock_determine = GPUModelRunner._determine_batch_execution_and_padding
     stock_capture = GPUModelRunner._warmup_and_capture
@@ -315,14 +317,18 @@ def apply() -> None:
         out = stock_check(self, *args, **kwargs)
         reason = off_reason(self)
         if reason is None:
+            # read here, for adaptive engines only (their front end refused a
+            # malformed value before loading weights: config/draft_length.py)
+            lengths = envs.short_verify_graph_lengths()
             setattr(self, _QUERY_LENS, add_keys(self, lengths))
-        elif uses_dflash(self) and getattr(self, _QUERY_LENS, None) is None:
+            return out
+        if uses_dflash(self) and getattr(self, _QUERY_LENS, None) is None:
             logger.warning(
                 "DFlash: %s is set but unused: %s",
                 envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS,
                 reason,
             )
-            setattr(self, _QUERY_LENS, {})
+        setattr(self, _QUERY_LENS, {})  # also after an earlier call that added keys
         return out
 
     def _determine_batch_execution_and_padding(

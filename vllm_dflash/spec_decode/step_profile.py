@@ -36,7 +36,6 @@ from vllm_dflash.registry import (
     Patch,
     PatchKind,
     PatchState,
-    original,
     replace_attr,
 )
 
@@ -137,8 +136,11 @@ def apply() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     prof = StepProfile(os.path.abspath(envs.profile_path()))
-    stock_execute = original(GPUModelRunner.execute_model)
-    stock_sample = original(GPUModelRunner.sample_tokens)
+    # the current methods, not vLLM's originals: the patches applied before this
+    # one (dflash_prefill_not_uniform_decode wraps execute_model) keep working
+    # while profiling
+    stock_execute = GPUModelRunner.execute_model
+    stock_sample = GPUModelRunner.sample_tokens
 
     def rank0() -> bool:
         tp = parallel_state._TP
