@@ -31,7 +31,6 @@ from vllm_dflash.registry import (
     Patch,
     PatchKind,
     PatchState,
-    original,
     replace_attr,
 )
 
@@ -86,8 +85,9 @@ def apply() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     log = StepLog(os.path.abspath(envs.step_log_path() or ""))
-    stock_schedule = original(Scheduler.schedule)
-    stock_update = original(Scheduler.update_from_output)
+    # the current methods, so that a patch applied before this one stays in the chain
+    stock_schedule = Scheduler.schedule
+    stock_update = Scheduler.update_from_output
 
     def schedule(self, *args, **kwargs):
         out = stock_schedule(self, *args, **kwargs)

@@ -137,7 +137,7 @@ def graph_tokens_by_length(vllm_config: Any, k: int) -> dict[int, int]:
     max_num_seqs = vllm_config.scheduler_config.max_num_seqs
     out = {}
     for d in usable:
-        fits = [s for s in sizes if 1 + d <= s <= (1 + d) * max_num_seqs]
+        fits = key_sizes(sizes, 1 + d, max_num_seqs)
         if fits:
             out[d] = max(fits)
     return out
@@ -184,6 +184,13 @@ def off_reason(runner: Any) -> str | None:
     return _unsupported(runner.vllm_config)
 
 
+def key_sizes(capture_sizes: Sequence[int], q: int, max_num_seqs: int) -> list[int]:
+    """The capture sizes that get a FULL key for ``q`` tokens per request: whole
+    requests, at most ``max_num_seqs`` of them (the worker's keys and the
+    scheduler's view both follow this rule)."""
+    return [s for s in capture_sizes if q <= s <= q * max_num_seqs]
+
+
 def decode_descriptors(
     capture_sizes: Sequence[int], q: int, max_num_seqs: int
 ) -> list[Any]:
@@ -194,8 +201,7 @@ def decode_descriptors(
 
     return [
         BatchDescriptor(num_tokens=s, num_reqs=s // q, uniform=True)
-        for s in capture_sizes
-        if q <= s <= q * max_num_seqs
+        for s in key_sizes(capture_sizes, q, max_num_seqs)
     ]
 
 
