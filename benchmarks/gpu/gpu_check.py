@@ -87,7 +87,8 @@ class Run:
     draft_length: str = ""
     schedule: str = ""
     # VLLM_DFLASH_SHORT_VERIFY_GRAPHS: full CUDA graphs also for these draft lengths
-    # (spec_decode/short_verify_graphs.py); the log must say they were captured.
+    # (spec_decode/short_verify_graphs.py); the log must say they were captured and
+    # replayed for each of these lengths that ``schedule`` verifies.
     short_verify_graphs: str = ""
 
     @property
@@ -176,9 +177,10 @@ RUNS = [
     # the 0-, 1- and 3-draft steps replay them, 5 and 2 stay piecewise.
     Run("dense-graph-adaptive-svg", "swa", eager=False, draft_length="adaptive",
         schedule="7,0,0,3,1,5,0,2", short_verify_graphs="0,1,3"),
-    Run("hybrid-swa-graph-fp32-adaptive-svg", "swa", eager=False, fixtures="hybrid",
-        dtype="float32", gdn_prefill="torch", draft_length="adaptive",
-        schedule="7,0,0,3,1,5,0,2", short_verify_graphs="0,1,3"),
+    # bf16: in fp32 the drafter runs on FLEX_ATTENTION and vLLM keeps the engine
+    # PIECEWISE, so there are no full graphs to add (session 21 on the H200).
+    Run("hybrid-swa-graph-adaptive-svg", "swa", eager=False, fixtures="hybrid",
+        draft_length="adaptive", schedule="7,0,0,3,1,5,0,2", short_verify_graphs="0,1,3"),
     Run("hybrid-swa-eager-fp32-long-prefixcache-stock", "swa", fixtures="hybrid",
         dtype="float32", gdn_prefill="torch", min_prompt_len=320, prefix_caching=True,
         disable="hybrid_align_budget_check", defect_wrong_token=True),
@@ -307,6 +309,10 @@ def run_one(
             r"(full CUDA graphs also for .*|SHORT_VERIFY_GRAPHS.*unused.*)", log
         )
         res["short_graphs"] = found[0] if found else None
+        # draft lengths whose first step dispatched to an extra full graph
+        res["short_graph_replays"] = sorted(
+            {int(d) for d in re.findall(r"first full CUDA graph replay of a decode verifying (\d+) drafts", log)}
+        )  # fmt: skip
     return {**res,
             "expected_failure_seen": bool(run.fail_pattern)
             and re.search(run.fail_pattern, log) is not None}  # fmt: skip
@@ -346,6 +352,10 @@ def execute(
     for _ in range(max(1, per_gpu)):
         for i in range(max(1, min(jobs, len(gpus)))):
             slots.put(gpus[i])
+    if jobs > slots.qsize():  # session 21: JOBS=4 on one GPU ran one engine at a time
+        print(f"[gpu_check] --jobs {jobs} but {len(gpus)} GPU(s) x {per_gpu} slot(s): "
+              f"{slots.qsize()} engine(s) at a time (more per GPU: --slots-per-gpu, SLOTS=)",
+              flush=True)  # fmt: skip
 
     def go(run: Run, gpu: str | None) -> None:
         left = budget - (time.time() - t_start) - 30
@@ -458,6 +468,24 @@ def analyse(job: tuple[str, str, str, str]) -> dict:
     return entry
 
 
+def graphs_verdict(run: Run, r: dict) -> tuple[bool, str]:
+    """The extra full graphs were captured, and every extra length that the forced
+    schedule verifies was dispatched to one (the engine logs each first replay)."""
+    seen = r.get("short_graphs") or ""
+    if not seen.startswith("full CUDA graphs also"):
+        return False, seen or "the engine logged nothing about the extra graphs"
+    extra = {int(d) for d in run.short_verify_graphs.split(",")}
+    wanted = sorted(extra & {int(d) for d in run.schedule.split(",") if d})
+    replayed = r.get("short_graph_replays") or []
+    missing = [d for d in wanted if d not in replayed]
+    if missing:
+        return (
+            False,
+            f"{seen}; never replayed for {missing} drafts (replayed: {replayed})",
+        )
+    return True, f"{seen}; replayed for {replayed} drafts"
+
+
 def kv_window_ok(
     run: Run, kv: dict, window: int | None, sliding_layers: int = 0
 ) -> tuple[bool, str]:
@@ -507,9 +535,7 @@ def evaluate(report: dict) -> list[dict]:
             add("gdn_prefill", name, r["gdn_prefill"] == want,
                 f"vLLM logged {r['gdn_prefill']}, expected {want}")  # fmt: skip
         if run.short_verify_graphs:
-            seen = r.get("short_graphs") or ""
-            add("graphs", name, seen.startswith("full CUDA graphs also"),
-                seen or "the engine logged nothing about the extra graphs")  # fmt: skip
+            add("graphs", name, *graphs_verdict(run, r))
         if not run.drafter:
             continue
         if run.defect_wrong_token:

@@ -270,6 +270,26 @@ def test_zero_draft_step_replays_a_full_graph(patched):
     assert (mode, desc.num_tokens, desc.num_reqs) == (CUDAGraphMode.FULL, 320, 20)
 
 
+def test_first_replay_of_each_length_is_logged_once(patched, monkeypatch):
+    """The evidence GPU checks grep: one line per extra length, at its first step
+    dispatched to a full graph; none for steps on vLLM's own graphs."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    lines: list[str] = []
+    monkeypatch.setattr(svg.logger, "info", lambda msg, *a: lines.append(msg % a))
+    runner = _runner()
+    GPUModelRunner._check_and_update_cudagraph_mode(runner, [], [])
+    lines.clear()
+    for drafts in ([0] * 250, [0] * 8, [K] * 20, [3] * 20, [0] * 10 + [1] * 10):
+        _decode_step(runner, drafts)
+    assert lines == [
+        "DFlash: first full CUDA graph replay of a decode verifying 0 drafts "
+        "(256 requests, 256 tokens)",
+        "DFlash: first full CUDA graph replay of a decode verifying 3 drafts "
+        "(20 requests, 80 tokens)",
+    ]
+
+
 @pytest.mark.parametrize(
     "drafts",
     [

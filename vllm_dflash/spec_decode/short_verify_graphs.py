@@ -8,9 +8,10 @@ only, ``1 + num_speculative_tokens`` (the runner's and the dispatcher's
 decodes all verify ``d < k`` drafts is then not a "uniform decode" and replays
 the piecewise graph, with every attention and Gated-DeltaNet layer run from
 Python between the pieces. On the H200 a 0-draft step of the Qwen3.6-27B-shaped
-pair at 256 requests took 48.2 ms against an estimated 33-36 ms for a
-no-speculation decode step (``benchmarks/results/h200-2026-12-03-s19``); how much
-of that is the graph is what this patch measures.
+pair at 256 requests took 48.2 ms against 38.5 ms for a no-speculation decode
+step. With this patch it took 48.0 ms (``benchmarks/results/h200-2026-12-03-s21``):
+at that size the step is GPU-bound and the graph is not the cost. The patch stays
+opt-in for smaller, host-bound batches, where that is still unmeasured.
 
 With ``VLLM_DFLASH_SHORT_VERIFY_GRAPHS=0,1,3`` (draft lengths) an adaptive DFlash
 engine with full decode graphs also captures full graphs for uniform batches of
@@ -37,7 +38,9 @@ The Gated-DeltaNet builder needs no change: ``dflash_gdn_zero_draft_decodes``
 also applies at capture, so a ``q = 1`` graph records the speculative path that
 0-draft steps take. Off for fixed-k engines (a ``q = 1`` capture would take the
 non-speculative GDN path), LoRA, data parallelism and micro-batching.
-Experimental: not yet verified on a GPU (docs/full-graph-short-verifies.md).
+Experimental. On the H200 it is lossless on the dense pair, with drafts matching the
+reference. The first step dispatched to each extra length's graph is logged once;
+GPU checks require that line (docs/full-graph-short-verifies.md).
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ NAME = "dflash_short_verify_full_graphs"
 # On a runner: the extra uniform query lengths that have FULL keys (set when the
 # dispatcher's keys are initialised; absent or empty: the feature is off there).
 _QUERY_LENS = "_vllm_dflash_short_verify_query_lens"
+# On a runner: the extra query lengths whose first full-graph replay was logged.
+_REPLAYED = "_vllm_dflash_short_verify_replayed"
 # Set per execute_model by dflash_prefill_not_uniform_decode: requests of the step
 # that have a draft list (possibly empty); this patch needs it (off_reason).
 _SPEC_ROWS = prefill_alias._SPEC_ROWS
@@ -293,6 +298,23 @@ def _dispatched_as(desc: Any, q: int) -> bool:
     )
 
 
+def note_first_replay(runner: Any, q: int, desc: Any) -> None:
+    """Log the first step of each extra query length that dispatches to its full
+    graph: the evidence (GPU checks grep it) that the graphs are replayed, not
+    only captured. One set lookup per such step afterwards."""
+    seen = runner.__dict__.setdefault(_REPLAYED, set())
+    if q in seen:
+        return
+    seen.add(q)
+    logger.info(
+        "DFlash: first full CUDA graph replay of a decode verifying %d drafts "
+        "(%d requests, %d tokens)",
+        q - 1,
+        desc.num_reqs,
+        desc.num_tokens,
+    )
+
+
 def probe() -> bool:
     """Opt-in; vLLM must still key full decode graphs by one query length."""
     if not os.environ.get(envs.VLLM_DFLASH_SHORT_VERIFY_GRAPHS, "").strip():
@@ -348,7 +370,10 @@ def apply() -> None:
             if q is not None:
                 with query_len(self, q):
                     out = stock_determine(self, num_tokens, num_reqs, *args, **kwargs)
-                if out[0] != CUDAGraphMode.FULL or _dispatched_as(out[1], q):
+                if out[0] != CUDAGraphMode.FULL:
+                    return out
+                if _dispatched_as(out[1], q):
+                    note_first_replay(self, q, out[1])
                     return out
                 # a FULL graph of another query length: never replay it
         return stock_determine(self, num_tokens, num_reqs, *args, **kwargs)
@@ -392,8 +417,9 @@ PATCH = Patch(
     ),
     why=(
         "vLLM captures full decode graphs for 1 + k tokens per request only; shorter "
-        "verifies replay the piecewise graph (H200, 27B hybrid, 256 requests: a "
-        "0-draft step 48.2 ms vs ~34 ms for a no-spec decode)."
+        "verifies replay the piecewise graph. H200, 27B hybrid, 256 requests: a "
+        "0-draft step took 48.2 ms vs 38.5 ms for a no-spec decode, and 48.0 ms with "
+        "this patch (GPU-bound there; smaller batches unmeasured)."
     ),
     upstream="none (vLLM keys full decode graphs by one uniform query length)",
     versions=V020,
