@@ -8,7 +8,7 @@ vLLM object.
 """
 
 from vllm_dflash.attention import gdn_shared_metadata
-from vllm_dflash.config import hybrid_prefix_caching, quantized_drafter
+from vllm_dflash.config import hybrid_prefix_caching, quantized_drafter, step_budget
 from vllm_dflash.core import (
     adaptive_draft_length,
     draft_slot_budget,
@@ -60,6 +60,7 @@ PATCHES: tuple[Patch, ...] = (
     sliding_window.FIELDS_PATCH,
     lookahead_slots.PATCH,
     draft_slot_budget.PATCH,
+    step_budget.PATCH,
     drafter_kv_dtype.PATCH,
     runner.PATCH,
     rejection.PATCH,

@@ -220,21 +220,44 @@ def _apply_deferred(patch: Patch) -> None:
         _log_applied(f"on import of {patch.trigger_module}, applied", [patch.name], [])
 
 
+# What this process applied, logged at INFO only once it runs DFlash (an engine
+# without DFlash gets them at DEBUG: its log is plain vLLM's).
+_dflash_in_use = False
+_pending: list[tuple[int, str]] = []  # (pid, line): a forked child drops its parent's
+
+
 def _log_applied(what: str, names: list[str], deferred: list[Patch]) -> None:
     applied = [n for n in names if _results[n].state is PatchState.APPLIED]
     if not applied and not deferred:
         return
-    _logger().info(
-        "vllm-dflash %s on vLLM %s (%s) in %s[%d]: %s %s%s",
-        _plugin_version(),
-        vllm_version_str(),
-        platform_name(),
-        multiprocessing.current_process().name,
-        os.getpid(),
-        what,
-        ", ".join(applied) or "nothing",
-        f"; {len(deferred)} wait for their module's import" if deferred else "",
+    process = multiprocessing.current_process().name
+    waiting = f"; {len(deferred)} wait for their module's import" if deferred else ""
+    line = (
+        f"vllm-dflash {_plugin_version()} on vLLM {vllm_version_str()} "
+        f"({platform_name()}) in {process}[{os.getpid()}]: {what} "
+        f"{', '.join(applied) or 'nothing'}{waiting}"
     )
+    if _dflash_in_use:
+        _logger().info("%s", line)
+    else:
+        _pending.append((os.getpid(), line))
+        _logger().debug("%s", line)
+
+
+def note_dflash_in_use() -> None:
+    """This process runs DFlash: log what it applied so far at INFO, and what it
+    applies later as it happens. Called where only a DFlash engine goes: its
+    config's validation (front end), its scheduler's start (engine core) and its
+    drafter's load (worker)."""
+    global _dflash_in_use
+    with _lock:
+        if _dflash_in_use:
+            return
+        _dflash_in_use = True
+        lines = [line for pid, line in _pending if pid == os.getpid()]
+        _pending.clear()
+    for line in lines:
+        _logger().info("%s", line)
 
 
 def _logger():
@@ -249,7 +272,9 @@ def failed() -> list[PatchResult]:
 
 
 def raise_if_failed() -> None:
-    """Refuse to run DFlash when a patch failed in this process."""
+    """Refuse to run DFlash when a patch failed in this process (called where a
+    DFlash engine starts: so it also marks the process as running DFlash)."""
+    note_dflash_in_use()
     bad = failed()
     if bad:
         raise PatchError(

@@ -129,6 +129,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           grep -m1 -o "GPU KV cache size: .*" "$log" | sed "s/^/[$mode] /"
           grep -m1 -o "Available KV cache memory: .*" "$log" | sed "s/^/[$mode] /"
           grep -m1 -o "DFlash drafter KV in the target.*" "$log" | sed "s/^/[$mode] /"
+          grep -m1 -o "DFlash step budget: [0-9]* tokens\|max_num_scheduled_tokens is set to [0-9]*" "$log" | sed "s/^/[$mode] /"
           grep -m3 -o "Traceback.*\|Error: .*\|error: .*" "$log" | sed "s/^/[$mode] /"
           grep -o "Estimated CUDA graph memory.*\|CUDA graph pool memory.*\|init engine .*" "$log" | sed "s/^/[$mode] /"
           grep -m6 -o "full CUDA graphs also for .*\|first full CUDA graph replay of .*\|SHORT_VERIFY_GRAPHS is set but unused.*\|Graph capturing finished.*" "$log" | sed "s/^/[$mode] /"

@@ -7,7 +7,8 @@ MODE: ``base`` (no speculation), ``stock`` (DFlash, vllm-dflash not loaded:
 VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash), ``adaptive``
 (the same with ``"draft_length": "adaptive"``), ``adaptive-fullhead`` (adaptive
 without dflash_partial_draft_head: the draft head over all k positions, as in
-session 10), ``prev`` (the plugin without the
+session 10), ``adaptive-reserve`` (adaptive without dflash_full_step_budget: vLLM's
+step budget, k drafting slots per sequence reserved), ``prev`` (the plugin without the
 session-11 hybrid patches: dflash_hybrid_no_accepted_sync, dflash_gdn_shared_metadata,
 dflash_gdn_state_replay; what sessions 9-10 measured). Same setup as
 shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
@@ -272,7 +273,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "mode",
-        choices=["base", "stock", "plugin", "adaptive", "adaptive-fullhead", "prev"],
+        choices=[
+            "base",
+            "stock",
+            "plugin",
+            "adaptive",
+            "adaptive-fullhead",
+            "adaptive-reserve",
+            "prev",
+        ],  # fmt: skip
     )
     ap.add_argument("out")
     ap.add_argument("--conc", default="1,4,16,64")
@@ -343,6 +352,8 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
         os.environ["VLLM_DFLASH_DISABLE"] = ",".join(SESSION11_PATCHES)
     if args.mode == "adaptive-fullhead":  # the session-10 adaptive mode
         os.environ["VLLM_DFLASH_DISABLE"] = "dflash_partial_draft_head"
+    if args.mode == "adaptive-reserve":  # vLLM's step budget (session 21's runs)
+        os.environ["VLLM_DFLASH_DISABLE"] = "dflash_full_step_budget"
     write_models(args.root, args.pair)
     # one line per engine step (no device sync): summarised per timed batch
     steps_path = os.path.abspath(f"{args.out}.steps-{args.mode}-{args.tag}.jsonl")

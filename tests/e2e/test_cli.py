@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.bad_drafters import CASES, make
-from tests.helpers.validate_cases import SPEC_CASES
+from tests.helpers.validate_cases import ENGINE_CASES, SPEC_CASES
 
 pytestmark = pytest.mark.cpu_e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +146,18 @@ def test_bad_speculative_config_key_one_line_error(llm_errors, case):
     assert got["error"] is not None, f"{case}: accepted"
     assert got["type"] == "DrafterConfigError", got
     assert SPEC_CASES[case][1] in got["error"], got["error"]
+    assert "\n" not in got["error"]
+
+
+@pytest.mark.parametrize("case", sorted(ENGINE_CASES))
+def test_engine_args_one_line_error(llm_errors, case):
+    """dflash_full_step_budget: a budget vLLM would refuse with a multi-line
+    pydantic error (a negative step budget) is one line naming the fix."""
+    got = llm_errors[case]
+    assert got["error"] is not None, f"{case}: accepted"
+    assert got["type"] == "StepBudgetError", got
+    assert ENGINE_CASES[case][1] in got["error"], got["error"]
+    assert "--max-num-batched-tokens to 256" in got["error"], got["error"]
     assert "\n" not in got["error"]
 
 

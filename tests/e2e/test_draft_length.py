@@ -39,9 +39,12 @@ pytestmark = pytest.mark.cpu_e2e
 
 SCHEDULE = {"dense": (7, 0, 0, 3, 1, 5, 0, 2), "hybrid": (4, 0, 0, 2, 1, 3, 0)}
 K = {"dense": 7, "hybrid": 4}
-# step budgets: k drafting slots per sequence are reserved (8 sequences), the rest
-# chunks the prompts (40 tokens)
-BUDGET = {"dense": 96, "hybrid": 40}
+# step budgets (8 sequences, prompts up to 40 tokens). dense: 8 x (1 + 7) query
+# tokens fit 96, so a step schedules all 96 (dflash_full_step_budget). hybrid: 8 x 5
+# do not fit 39, so vLLM's reservation stays (39 - 8 x 4 = 7 tokens a step): decodes
+# sit out steps while prompts are chunked, which the GDN slot fix needs to be
+# tested (with 40 the whole budget, and no decode sat out).
+BUDGET = {"dense": 96, "hybrid": 39}
 # engine -> pair; "full-block": the dense pair with dflash_short_draft_block off
 ENGINES = {"dense": "dense", "hybrid": "hybrid", "full-block": "dense"}
 

@@ -44,12 +44,12 @@ from vllm_dflash.testing.trained_hybrid import (
 
 pytestmark = pytest.mark.cpu_e2e
 
-# 8 scheduled tokens per step after 8 sequences x k=4 drafting slots (#51256,
-# dflash_draft_slot_budget): prompts of up to 40 tokens are prefilled in chunks.
+# 40 tokens a step: 8 sequences x (1 + k=4) query tokens fit, so DFlash schedules
+# the whole budget (dflash_full_step_budget); the 8 prompts (180 tokens, up to 40
+# each) are prefilled in chunks over several steps, beside decodes.
 CHUNKED = 40
-# Prefix caching ('align' mode) needs a step budget >= the block size (16): 48
-# minus 8 sequences x 4 DFlash draft slots = 16 (40 would leave 8: refused, see
-# vllm_dflash/config/hybrid_prefix_caching.py).
+# The prefix-caching refusal's run (DFlash + 'align' mode is refused whatever the
+# budget; 48 also passes the budget check of hybrid_prefix_caching.py).
 CHUNKED_ALIGN = 48
 TEXT_ONLY = ("--mm-limit", "0")
 K = 4  # draft tokens per step (OfflineRunner's default)

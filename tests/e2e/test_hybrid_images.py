@@ -44,8 +44,8 @@ from vllm_dflash.testing.trained_hybrid import ensure_trained_hybrid
 pytestmark = pytest.mark.cpu_e2e
 
 PATCH = "dflash_mrope_token_positions"
-# 8 scheduled tokens per step after 8 sequences x k=4 drafting slots: prompts
-# (and images) are prefilled in chunks, as in test_hybrid.py.
+# 40 tokens a step (the whole budget: 8 sequences x (1 + k=4) query tokens fit):
+# prompts (and images) are prefilled in chunks, as in test_hybrid.py.
 BUDGET = 40
 MAX_TOKENS = 16
 K = 4  # draft tokens per step (OfflineRunner's default)

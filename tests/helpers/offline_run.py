@@ -131,6 +131,7 @@ def main() -> None:
         ps = shared_prefix_prompts(args.num_prompts, k=args.k)
     else:
         ps = prompts(args.num_prompts)
+    steps = _watch_steps(llm)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     batches = ps if args.batches else [ps]
     if args.repeat:
@@ -156,11 +157,33 @@ def main() -> None:
         "request_ids": [o.request_id for o in outs],
         "spec_decode": counters,
         "prefix_cache": cache,
+        "scheduler": steps,
     }
     if args.draft_length == "adaptive":
         result["draft_lengths"] = _draft_lengths(llm)
     with open(args.out, "w") as fh:
         json.dump(result, fh)
+
+
+def _watch_steps(llm) -> dict:
+    """The scheduler's step budget and the most tokens one step scheduled (engine
+    core in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0); empty otherwise."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    sched = getattr(core, "scheduler", None)
+    if sched is None:
+        return {}
+    seen = {"budget": sched.max_num_scheduled_tokens, "max_step_tokens": 0}
+    schedule = sched.schedule
+
+    def watched(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        seen["max_step_tokens"] = max(
+            seen["max_step_tokens"], out.total_num_scheduled_tokens
+        )
+        return out
+
+    sched.schedule = watched
+    return seen
 
 
 def _draft_lengths(llm) -> dict | None:

@@ -14,6 +14,14 @@ SPEC_CASES = {
         "draft_length='bogus' is not allowed",
     ),
 }
+# Engine arguments a good DFlash config cannot run with (k = 3): LLM kwargs,
+# expected words.
+ENGINE_CASES = {
+    "step_budget": (
+        {"max_num_seqs": 64, "max_num_batched_tokens": 128},
+        "max_num_batched_tokens=128 is too small for DFlash with max_num_seqs=64",
+    ),
+}
 
 
 def main() -> None:
@@ -21,9 +29,10 @@ def main() -> None:
     from vllm import LLM
 
     results = {}
-    cases = {name: (edits, k, {}) for name, (edits, k, _) in CASES.items()}
-    cases |= {name: ({}, 3, extra) for name, (extra, _) in SPEC_CASES.items()}
-    for name, (edits, k, extra) in cases.items():
+    cases = {name: (edits, k, {}, {}) for name, (edits, k, _) in CASES.items()}
+    cases |= {name: ({}, 3, extra, {}) for name, (extra, _) in SPEC_CASES.items()}
+    cases |= {name: ({}, 3, {}, kw) for name, (kw, _) in ENGINE_CASES.items()}
+    for name, (edits, k, extra, engine_kwargs) in cases.items():
         drafter = make(dense, workdir / name, edits)
         try:
             LLM(
@@ -37,6 +46,7 @@ def main() -> None:
                 dtype="float32",
                 max_model_len=512,
                 enforce_eager=True,
+                **engine_kwargs,
             )
             results[name] = {"error": None}
         except Exception as e:  # what a user would see

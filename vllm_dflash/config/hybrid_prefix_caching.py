@@ -11,8 +11,9 @@ With prefix caching on a hybrid (mamba / Gated-DeltaNet) target, vLLM 0.20.x
 uses mamba cache mode 'align': prefill chunks are cut to multiples of the
 block size (``Scheduler._mamba_block_aligned_split``: ``n // block * block``).
 Speculative decoding lowers the per-step budget (``max_num_scheduled_tokens =
-max_num_batched_tokens - max_num_seqs * new draft slots``; DFlash adds
-``k - 1`` per request). When that budget is below the block size, every long
+max_num_batched_tokens - max_num_seqs * new draft slots``; for DFlash ``k`` per
+request, and none where ``dflash_full_step_budget`` gives DFlash the whole budget).
+When that budget is below the block size, every long
 prompt gets a 0-token chunk at every step: it is never scheduled, the engine
 idles and the request never finishes (reproduced on CPU: a tiny Qwen3.5 target,
 DFlash k=4, max_num_batched_tokens 32, 8 sequences -> budget 8 < block 16;

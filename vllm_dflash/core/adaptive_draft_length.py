@@ -59,6 +59,7 @@ from vllm_dflash.registry import (
     Patch,
     PatchKind,
     is_patched,
+    raise_if_failed,
     replace_attr,
 )
 from vllm_dflash.spec_decode import short_verify_graphs
@@ -287,6 +288,11 @@ def scheduler_apply() -> None:
     def __init__(self, *args, **kwargs) -> None:
         stock_init(self, *args, **kwargs)
         vllm_config = self.vllm_config
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.method == "dflash":
+            # A DFlash engine's scheduler: refuse a patch that failed in this
+            # process, and log the applied ones at INFO from here on.
+            raise_if_failed()
         if (
             draft_length_config.mode_of(vllm_config) != draft_length_config.ADAPTIVE
             or not self.num_spec_tokens

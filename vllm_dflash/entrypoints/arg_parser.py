@@ -89,6 +89,23 @@ def probe_validate() -> bool:
     return True  # no vLLM release validates DFlash drafter configs
 
 
+def plugin_error(error: ValueError) -> ValueError | None:
+    """The plugin's one-line error inside a pydantic ``ValidationError`` (a check
+    that runs while ``VllmConfig`` validates, e.g. ``dflash_full_step_budget``)."""
+    from vllm_dflash.config.layer_types import DrafterConfigError
+
+    if isinstance(error, DrafterConfigError):
+        return error
+    errors = getattr(error, "errors", None)
+    if not callable(errors):
+        return None
+    for item in errors():
+        inner = (item.get("ctx") or {}).get("error")
+        if isinstance(inner, DrafterConfigError):
+            return inner
+    return None
+
+
 def apply_validate() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
@@ -102,7 +119,13 @@ def apply_validate() -> None:
 
         def create_engine_config(self, *args, **kwargs):
             prevalidate_raw(self.speculative_config)
-            config = stock_create(self, *args, **kwargs)
+            try:
+                config = stock_create(self, *args, **kwargs)
+            except ValueError as e:
+                ours = plugin_error(e)
+                if ours is None:
+                    raise
+                raise ours from None
             validate_vllm_config(config)
             return config
 
