@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 import multiprocessing
 import os
 import sys
@@ -256,8 +257,11 @@ def note_dflash_in_use() -> None:
         _dflash_in_use = True
         lines = [line for pid, line in _pending if pid == os.getpid()]
         _pending.clear()
-    for line in lines:
-        _logger().info("%s", line)
+        logger = _logger()
+        if logger.isEnabledFor(logging.DEBUG):
+            return  # already shown, at DEBUG
+        for line in lines:
+            logger.info("%s", line)
 
 
 def _logger():

@@ -225,6 +225,7 @@ def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_f
     upstream = offline.run("swa", max_num_batched_tokens=CHUNKED, pythonpath=str(dest))
     stats = _check(upstream, baseline, refs["swa"])
     assert stats.drafts >= MIN_DRAFTS and stats.token_rate >= 0.99, stats
+    assert upstream.data["scheduler"]["budget"] == CHUNKED  # 0019's whole budget
     plugin = offline.run("swa", max_num_batched_tokens=CHUNKED)
     assert plugin.ok
     a, b = _drafts_by_step(upstream.trace), _drafts_by_step(plugin.trace)

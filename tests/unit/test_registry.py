@@ -179,3 +179,42 @@ def test_unsupported_vllm_version_applies_nothing(monkeypatch, caplog):
     monkeypatch.setattr(registry, "vllm_version", lambda: Version("0.19.0"))
     res = registry.apply_all(PATCHES)
     assert {r.state for r in res.values()} == {PatchState.NOT_APPLICABLE}
+
+
+def test_applied_lines_wait_for_dflash(monkeypatch):
+    """What a process applied is logged at INFO only once it runs DFlash: until
+    then at DEBUG (an engine without DFlash logs what plain vLLM logs), then all
+    at once, in order, without a forked parent's lines; later ones at once."""
+    import logging
+    import os
+
+    seen: list[tuple[int, str]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((record.levelno, record.getMessage()))
+
+    logger = registry._logger()
+    handler = Capture(level=logging.DEBUG)
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    monkeypatch.setattr(registry, "_results", {})
+    monkeypatch.setattr(registry, "_applied_pid", None)
+    monkeypatch.setattr(registry, "_dflash_in_use", False)
+    monkeypatch.setattr(registry, "_pending", [(os.getpid() + 1, "a parent's line")])
+    monkeypatch.setattr(registry, "is_supported_vllm", lambda: True)
+    try:
+        registry.apply_all([_fake(name="first"), _fake(name="second")], defer=False)
+        assert not [m for lvl, m in seen if lvl >= logging.INFO]
+        registry.note_dflash_in_use()
+        info = [m for lvl, m in seen if lvl >= logging.INFO]
+        assert len(info) == 1 and "applied first, second" in info[0], info
+        registry.note_dflash_in_use()  # once
+        registry._log_applied("on import of vllm.z, applied", ["first"], [])
+        info = [m for lvl, m in seen if lvl >= logging.INFO]
+        assert len(info) == 2 and "on import of vllm.z" in info[1], info
+        assert not any("parent" in m for _, m in seen)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -72,11 +72,12 @@ def test_dflash_gets_the_whole_budget_where_the_query_block_fits(
     assert _budget(_config("dflash", k, seqs, batched), patched=True) == ours
 
 
-@pytest.mark.parametrize("batched", range(33, 90))
+@pytest.mark.parametrize("batched", range(1, 90))
 def test_every_step_fits_the_proposer_buffers(batched):
     """For every budget: scheduled tokens (the drafter's context) and the query
     block of the most requests a step can hold both fit ``max_num_batched_tokens``
-    rows; where vLLM refuses, the patch refuses in one line."""
+    rows (the rows of 0.20.x's context buffers and of ``input_ids``); where vLLM
+    computes a budget of 0 or less, the patch refuses, in one line."""
     k, seqs = 4, 8
     cfg = _config("dflash", k, seqs, batched)
     try:
@@ -85,30 +86,54 @@ def test_every_step_fits_the_proposer_buffers(batched):
         assert batched <= seqs * k
         assert "\n" not in str(e)
         return
-    assert budget <= batched
+    assert batched > seqs * k, "vLLM refuses this budget: the patch must too"
+    assert 0 < budget <= batched
     requests = min(seqs, budget)  # each scheduled request has >= 1 token
     assert requests * (1 + k) <= batched, (budget, batched)
 
 
-def test_other_methods_and_explicit_budgets_keep_vllms_rule():
-    for cfg in (
-        _config("eagle3", 4, 8, 64),
-        _config("dflash", 4, 8, 64, budget=20),
-    ):
-        want = _config(
-            cfg.speculative_config.method,
-            4,
-            8,
-            64,
-            budget=cfg.scheduler_config.max_num_scheduled_tokens,
-        )
-        assert _budget(cfg, patched=True) == _budget(want, patched=False)
+def test_the_buffers_are_what_the_rule_assumes():
+    """0.20.x's DFlashProposer: context rows in buffers of max_num_batched_tokens
+    (max_num_tokens), query rows in buffers of their own."""
+    import inspect
+
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    src = inspect.getsource(original(DFlashProposer.__init__))
+    for buf in ("_context_slot_mapping_buffer", "_context_positions_buffer"):
+        assert f"self.{buf} = torch.zeros(\n            self.max_num_tokens," in src
+    assert "self.max_query_tokens = self.max_batch_size * (1 + self." in src
+
+
+def test_other_methods_keep_vllms_rule():
+    cfg, want = _config("eagle3", 4, 8, 64), _config("eagle3", 4, 8, 64)
+    assert _budget(cfg, patched=True) == _budget(want, patched=False)
     assert full_budget(SimpleNamespace(max_num_scheduled_tokens=None), None) is None
+
+
+@pytest.mark.parametrize("budget", [-1, 0, 20, 33, 64, 65])
+def test_a_budget_already_set(budget):
+    """A set budget (the front end's, validated again in the engine core, or the
+    user's) is kept where it is positive and at most max_num_batched_tokens: vLLM
+    alone would demand the drafting slots again (raise above 64 - 8 x 4 = 32)."""
+    cfg = _config("dflash", 4, 8, 64, budget=budget)
+    if 0 < budget <= 64:
+        assert _budget(cfg, patched=True) == budget
+    else:
+        with pytest.raises(ValueError):
+            _budget(cfg, patched=True)
+    stock = _config("dflash", 4, 8, 64, budget=budget)
+    if 0 < budget <= 32:
+        assert _budget(stock, patched=False) == budget
+    else:
+        with pytest.raises(ValueError):
+            _budget(stock, patched=False)
 
 
 def test_refusal_names_the_values_and_the_fix():
     """vllm serve's H200 defaults (8192 tokens, 1024 sequences) with k = 15: vLLM
-    computes a budget of -7168 and fails with a pydantic error."""
+    with #51256 (dflash_draft_slot_budget) computes a budget of -7168 and fails
+    with a pydantic error (0.20.1 alone: -6144)."""
     cfg = _config("dflash", 15, 1024, 8192)
     with pytest.raises(ValueError, match="-7168"):
         _budget(cfg, patched=False)

@@ -16,13 +16,15 @@ matter are therefore ``scheduled <= max_num_batched_tokens`` and
 ``max_num_seqs * (1 + k) <= max_num_batched_tokens``, and neither depends on the
 other.
 
-The reservation costs DFlash its prefill: at ``max_num_seqs = 256``, ``k = 15``
+The reservation shrinks DFlash's steps: at ``max_num_seqs = 256``, ``k = 15``
 and ``max_num_batched_tokens = 16384`` a step schedules 12,544 tokens instead of
-16,384 (H200, session 21: 11-12 mixed steps for 256 prompts of 512 tokens
-instead of 8-9; ``benchmarks/results/h200-2026-12-03-s21/``), and vLLM warns
-that the budget "may lead to suboptimal performance". With ``vllm serve``'s
-H200 defaults (8,192 tokens, 1,024 sequences) it refuses DFlash ``k = 15``
-outright, with a multi-line pydantic error about a budget of -7,168.
+16,384 (with #51256, ``core/draft_slot_budget.py``; 12,800 with 0.20.1's own
+``k - 1``), and vLLM warns that the budget "may lead to suboptimal performance".
+With ``vllm serve``'s H200 defaults (8,192 tokens, 1,024 sequences) it refuses
+DFlash ``k = 15`` outright, with a multi-line pydantic error about a budget of
+-7,168 (-6,144 without #51256). On the H200 (session 22, dense 8B pair, 64-256
+requests) the whole budget was neutral in throughput: prefill steps are
+compute-bound, so fewer, bigger ones take the same time.
 
 This patch, for DFlash only and only when the user did not set
 ``max_num_scheduled_tokens``:
@@ -85,7 +87,7 @@ def full_budget(scheduler_config: Any, speculative_config: Any) -> int | None:
         # would demand the drafting slots again.
         if budget is None:
             return batched
-        return budget if budget <= batched else None
+        return budget if 0 < budget <= batched else None
     if budget is None and batched <= seqs * k:
         raise StepBudgetError(
             f"max_num_batched_tokens={batched} is too small for DFlash with "
@@ -174,9 +176,9 @@ PATCH = Patch(
     "where vLLM would refuse the budget.",
     why="0.20.x's DFlash proposer keeps the target's tokens and its query block in "
     "separate buffers, but vLLM reserves k slots per sequence from the step budget "
-    "anyway: 12,544 instead of 16,384 tokens a step at 256 sequences, k=15 (slower "
-    "prefill), and vllm serve's H200 defaults with k=15 are refused with a pydantic "
-    "error about a budget of -7168.",
+    "anyway: 12,544 instead of 16,384 tokens a step at 256 sequences, k=15 (with "
+    "#51256), and vllm serve's H200 defaults with k=15 are refused with a pydantic "
+    "error about a negative budget.",
     upstream="vllm-project/vllm#53080 (open: separate target and draft scheduling "
     "budgets)",
     versions=V020_ONLY,
