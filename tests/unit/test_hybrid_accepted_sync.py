@@ -141,3 +141,17 @@ def _wrap_with(fake):
     finally:
         gpu_model_runner.GPUModelRunner = real
     return Stand._prepare_inputs
+
+
+def test_probe_compiles_nothing():
+    """The probe runs in every process that imports the model runner, DFlash or not:
+    it must not compile vLLM's torch.compile'd helper (session 22: it did, 17 s on
+    the 2-core CI machine per worker start, and in grad mode, so the first real
+    step compiled it again)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    assert sync.probe()
+    assert not counters["frames"]["total"], dict(counters["frames"])
