@@ -144,10 +144,10 @@ def _wrap_with(fake):
 
 
 def test_probe_compiles_nothing():
-    """The probe runs in every process that imports the model runner, DFlash or not:
-    it must not compile vLLM's torch.compile'd helper (session 22: it did, 17 s on
-    the 2-core CI machine per worker start, and in grad mode, so the first real
-    step compiled it again)."""
+    """The probe runs in every CUDA process that imports the model runner, DFlash or
+    not: it must not compile vLLM's torch.compile'd helper (session 22: it did, a CPU
+    Inductor compile per GPU worker start, 17 s for a direct call on the 2-core VM,
+    and in grad mode, so the first real step compiled it again)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 

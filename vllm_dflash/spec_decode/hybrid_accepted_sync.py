@@ -79,9 +79,10 @@ def probe() -> bool:
         )
     # Row 0 drafted 3 tokens last step at row 1 and had 2 valid tokens; row 1 is new.
     # The function's Python source, run eagerly: calling the torch.compile wrapper
-    # here compiled it in every process that imports the model runner, DFlash or
-    # not (17 s on the 2-core CI machine), and with grad mode on, so the first
-    # real step (inference mode) compiled it again (session 22, H200 call C).
+    # here compiled it (CPU Inductor) in every CUDA process that imports the model
+    # runner, DFlash or not (a direct call: 17 s on the 2-core VM), and with grad
+    # mode on, so the first real step (inference mode) compiled it again
+    # (session 22, H200 call C).
     update = getattr(
         update_num_computed_tokens_for_batch_change,
         "_torchdynamo_orig_callable",
