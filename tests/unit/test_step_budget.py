@@ -116,18 +116,13 @@ def test_a_budget_already_set(budget):
     """A set budget (the front end's, validated again in the engine core, or the
     user's) is kept where it is positive and at most max_num_batched_tokens: vLLM
     alone would demand the drafting slots again (raise above 64 - 8 x 4 = 32)."""
-    cfg = _config("dflash", 4, 8, 64, budget=budget)
-    if 0 < budget <= 64:
-        assert _budget(cfg, patched=True) == budget
-    else:
-        with pytest.raises(ValueError):
-            _budget(cfg, patched=True)
-    stock = _config("dflash", 4, 8, 64, budget=budget)
-    if 0 < budget <= 32:
-        assert _budget(stock, patched=False) == budget
-    else:
-        with pytest.raises(ValueError):
-            _budget(stock, patched=False)
+    for patched, highest in ((True, 64), (False, 32)):
+        cfg = _config("dflash", 4, 8, 64, budget=budget)
+        if 0 < budget <= highest:
+            assert _budget(cfg, patched=patched) == budget
+        else:
+            with pytest.raises(ValueError):
+                _budget(cfg, patched=patched)
 
 
 def test_refusal_names_the_values_and_the_fix():

@@ -26,13 +26,14 @@ DFlash ``k = 15`` outright, with a multi-line pydantic error about a budget of
 requests) the whole budget was neutral in throughput: prefill steps are
 compute-bound, so fewer, bigger ones take the same time.
 
-This patch, for DFlash only and only when the user did not set
-``max_num_scheduled_tokens``:
+This patch, for DFlash only:
 
 * ``max_num_seqs * (1 + k) <= max_num_batched_tokens``: the step budget is
-  ``max_num_batched_tokens``, as without speculation;
-* ``max_num_batched_tokens <= max_num_seqs * k`` (vLLM refuses with a budget
-  <= 0): a one-line error naming the three values and the settings that work;
+  ``max_num_batched_tokens``, as without speculation (a budget already set, by
+  this patch in the front end or by the user, is kept if it is positive and at
+  most ``max_num_batched_tokens``);
+* ``max_num_batched_tokens <= max_num_seqs * k`` with no budget set (vLLM
+  refuses with a budget <= 0): a one-line error naming the three values and the settings that work;
 * in between: vLLM's own reservation (it keeps the query block inside
   ``input_ids`` by keeping fewer than ``max_num_seqs`` requests in a step).
 """
@@ -55,7 +56,7 @@ from vllm_dflash.registry import (
 )
 
 NAME = "dflash_full_step_budget"
-_logged: list[int] = []  # one log line per process
+_logged = False  # one log line per process
 
 
 class StepBudgetError(DrafterConfigError):
@@ -143,13 +144,14 @@ def apply() -> None:
     stock = VllmConfig._set_max_num_scheduled_tokens
 
     def _set_max_num_scheduled_tokens(self: Any) -> None:
+        global _logged
         budget = full_budget(self.scheduler_config, self.speculative_config)
         if budget is None:
             stock(self)
             return
         self.scheduler_config.max_num_scheduled_tokens = budget
         if not _logged:
-            _logged.append(budget)
+            _logged = True
             init_logger(__name__).info(
                 "DFlash step budget: %d tokens (max_num_batched_tokens; the drafter's "
                 "query block of up to %d tokens has its own buffers, so no drafting "
