@@ -42,6 +42,7 @@ from vllm_dflash.spec_decode import (
     gdn_unscheduled_slot,
     gdn_zero_drafts,
     hybrid_accepted_sync,
+    jit_warmup,
     mrope_positions,
     partial_draft_head,
     prefill_alias,
@@ -108,4 +109,5 @@ PATCHES: tuple[Patch, ...] = (
     trace.PATCH,
     step_profile.PATCH,
     step_log.PATCH,
+    jit_warmup.PATCH,
 )

@@ -36,6 +36,15 @@ def step_log_path() -> str | None:
     return os.environ.get(VLLM_DFLASH_STEP_LOG) or None
 
 
+# Path of a JSONL file; when set, DFlash GPU workers append one line per Triton
+# kernel variant compiled after their start-up warm-up (dflash_jit_warmup).
+VLLM_DFLASH_JIT_LOG = "VLLM_DFLASH_JIT_LOG"
+
+
+def jit_log_path() -> str | None:
+    return os.environ.get(VLLM_DFLASH_JIT_LOG) or None
+
+
 # Comma-separated draft lengths, e.g. "4,0,0,2": with "draft_length": "adaptive",
 # the scheduler verifies these lengths in turn instead of choosing (a test aid
 # that exercises every transition deterministically).

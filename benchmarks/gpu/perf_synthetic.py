@@ -8,7 +8,10 @@ VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash), ``adaptive``
 (the same with ``"draft_length": "adaptive"``), ``adaptive-fullhead`` (adaptive
 without dflash_partial_draft_head: the draft head over all k positions, as in
 session 10), ``adaptive-reserve`` (adaptive without dflash_full_step_budget: vLLM's
-step budget, k drafting slots per sequence reserved), ``prev`` (the plugin without the
+step budget, k drafting slots per sequence reserved), ``adaptive-nojit`` (adaptive
+without dflash_jit_warmup: the spec-decode kernels compile while serving, as in
+session 22; each DFlash run writes OUT.jit-MODE-TAG.jsonl, the variants its workers
+compiled after their start-up warm-up), ``prev`` (the plugin without the
 session-11 hybrid patches: dflash_hybrid_no_accepted_sync, dflash_gdn_shared_metadata,
 dflash_gdn_state_replay; what sessions 9-10 measured). Same setup as
 shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
@@ -280,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
             "adaptive",
             "adaptive-fullhead",
             "adaptive-reserve",
+            "adaptive-nojit",
             "prev",
         ],  # fmt: skip
     )
@@ -354,6 +358,13 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
         os.environ["VLLM_DFLASH_DISABLE"] = "dflash_partial_draft_head"
     if args.mode == "adaptive-reserve":  # vLLM's step budget (session 21's runs)
         os.environ["VLLM_DFLASH_DISABLE"] = "dflash_full_step_budget"
+    if args.mode == "adaptive-nojit":  # kernels compiled while serving (session 22)
+        os.environ["VLLM_DFLASH_DISABLE"] = "dflash_jit_warmup"
+    # DFlash workers: one line per Triton variant compiled after their warm-up
+    os.environ.setdefault(
+        "VLLM_DFLASH_JIT_LOG",
+        os.path.abspath(f"{args.out}.jit-{args.mode}-{args.tag}.jsonl"),
+    )
     write_models(args.root, args.pair)
     # one line per engine step (no device sync): summarised per timed batch
     steps_path = os.path.abspath(f"{args.out}.steps-{args.mode}-{args.tag}.jsonl")
