@@ -39,11 +39,11 @@ def main() -> int:
     if os.path.exists(path):
         with open(path) as f:
             lines = f.read().splitlines()
-    print(json.dumps([json.loads(line)["repr"] for line in lines]))
-    ok = (
-        len(lines) == 1 and "BLOCK" in lines[0] and "64" in json.loads(lines[0])["repr"]
-    )
-    ok = ok and x[:64].tolist() == list(range(64))
+    records = [json.loads(line) for line in lines]
+    constants = [json.loads(r["specialization_data"])["constant_vals"] for r in records]
+    print(json.dumps(constants))
+    # Triton 3.6's repr is cut at the first tuple: read the constants instead
+    ok = constants == [[64]] and x[:64].tolist() == list(range(64))
     print("tripwire", "ok" if ok else "FAILED")
     return 0 if ok else 1
 
