@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from vllm_dflash import envs
+from vllm_dflash.cpu.dflash_inputs import TRITON_SHIM
 from vllm_dflash.logger import init_logger
 from vllm_dflash.registry import V020_ONLY, Patch, PatchKind, code_reads, replace_attr
 from vllm_dflash.spec_decode import uses_dflash
@@ -121,8 +122,7 @@ EXPAND_BLOCK_SIZES = (4, 8, 16, 32, 64, 128, 256)
 _DESPECIALISED = "_vllm_dflash_despecialised"
 
 
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+next_power_of_2 = TRITON_SHIM.next_power_of_2  # triton.next_power_of_2, no driver
 
 
 def next_token_block_sizes(k: int) -> tuple[int, ...]:
@@ -147,6 +147,16 @@ def batch_change_shapes(max_num_reqs: int) -> list[tuple[int, int]]:
 
 def _module_kernel(module: str, name: str) -> Any:
     return getattr(importlib.import_module(module), name)
+
+
+def _kernel_module(name: str) -> str:
+    """The vLLM module that launches the ``KERNELS`` entry ``name``."""
+    return next(module for module, kernel, _ in KERNELS if kernel == name)
+
+
+def _kernel(name: str) -> Any:
+    """The ``KERNELS`` entry ``name``, as vLLM's launching module holds it now."""
+    return _module_kernel(_kernel_module(name), name)
 
 
 def arg_names(kernel: Any) -> tuple[str, ...]:
@@ -217,7 +227,7 @@ def warm_expand(runner: Any, seen: list[str]) -> None:
     """copy_and_expand_dflash_inputs_kernel: every BLOCK_SIZE, with and without
     the rejected counts. Pointer dtypes are the drafter's buffers' and the ones
     vLLM allocates (int32 token ids, counts and indices)."""
-    kernel = _module_kernel(*KERNELS[0][:2])
+    kernel = _kernel("copy_and_expand_dflash_inputs_kernel")
     drafter = runner.drafter
     dev = runner.device
     i32 = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -253,7 +263,7 @@ def warm_expand(runner: Any, seen: list[str]) -> None:
 def warm_next_token(runner: Any, seen: list[str]) -> None:
     """eagle_prepare_next_token_padded_kernel: every BLOCK_SIZE_TOKENS for
     verify lengths 1..k+1; and eagle_prepare_inputs_padded_kernel."""
-    kernel = _module_kernel(*KERNELS[1][:2])
+    kernel = _kernel("eagle_prepare_next_token_padded_kernel")
     dev = runner.device
     i32 = torch.zeros(1, dtype=torch.int32, device=dev)
     mask = torch.zeros(1, dtype=torch.bool, device=dev)
@@ -273,7 +283,7 @@ def warm_next_token(runner: Any, seen: list[str]) -> None:
             grid=(1,),
         )
         seen.append(kernel.fn.__name__)
-    kernel = _module_kernel(*KERNELS[2][:2])
+    kernel = _kernel("eagle_prepare_inputs_padded_kernel")
     kernel.warmup(
         cu_num_draft_tokens_ptr=i32,
         valid_sampled_tokens_count_ptr=i32,
@@ -289,9 +299,9 @@ def warm_next_token(runner: Any, seen: list[str]) -> None:
 def warm_slot_mapping(runner: Any, seen: list[str]) -> None:
     """_compute_slot_mapping_kernel through vLLM's own BlockTable wrapper, once
     per KV-cache group (their constants differ), compile-only."""
-    module, name, _ = KERNELS[3]
+    name = "_compute_slot_mapping_kernel"
     tables = runner.input_batch.block_table.block_tables
-    with compile_only(module, name, seen):
+    with compile_only(_kernel_module(name), name, seen):
         for table in tables:
             table.compute_slot_mapping(
                 1, _gpu(runner.query_start_loc)[:2], _gpu(runner.positions)[:1]
