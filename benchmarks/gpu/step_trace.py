@@ -134,10 +134,12 @@ def analyse(events: list[dict], min_gap_us: float = 5.0) -> dict:
         phase_ms: dict[str, float] = defaultdict(float)
         kinds: dict[str, float] = defaultdict(float)
         draft_graph = 0.0
+        by_kernel: dict[str, float] = defaultdict(float)
         gaps: dict[str, float] = defaultdict(float)
         end, prev_phase = float("-inf"), None
         for k, ph, graph in window:
             phase_ms[ph] += k["dur"] / 1000.0
+            by_kernel[f"{ph}|{k['name'][:100]}"] += k["dur"] / 1000.0
             if ph in ("draft", "other"):
                 kinds[kernel_kind(k["name"])] += k["dur"] / 1000.0
                 if graph:
@@ -152,6 +154,7 @@ def analyse(events: list[dict], min_gap_us: float = 5.0) -> dict:
             "step_ms": (t1 - t0) / 1000.0, "busy_ms": busy, "idle_ms": (t1 - t0) / 1000.0 - busy,
             "phase_ms": dict(phase_ms), "draft_kinds_ms": dict(kinds),
             "draft_graph_ms": draft_graph, "gaps": dict(gaps),
+            "kernels_ms": dict(by_kernel),
         })  # fmt: skip
     return {"steps": len(steps), "median": _median_step(steps), "per_step": steps}
 
@@ -168,6 +171,13 @@ def _median_step(steps: list[dict]) -> dict:
             n: round(statistics.median(s[key].get(n, 0.0) for s in steps), 4)
             for n in names
         }
+    # kernel time per (phase, kernel name), the 80 largest: two traces diff by name
+    names = {n for s in steps for n in s.get("kernels_ms", {})}
+    med = {
+        n: statistics.median(s["kernels_ms"].get(n, 0.0) for s in steps) for n in names
+    }
+    top = sorted(med.items(), key=lambda kv: -kv[1])[:80]
+    out["kernels_ms"] = {n: round(v, 4) for n, v in top}
     return out
 
 
@@ -179,6 +189,9 @@ def run(
     root: str,
     pair: str = "dense",
     kv_cache_gib: float = 0.0,
+    max_tokens: int = 768,
+    wait: int = 0,
+    gpu_util: float = 0.85,
 ) -> None:
     import random
     import sys
@@ -195,17 +208,19 @@ def run(
     from vllm import LLM, SamplingParams
 
     llm = LLM(
-        **ps.engine_kwargs(mode, root, 6.35, max(conc, 4), pair=pair, kv_cache_gib=kv_cache_gib),
+        **ps.engine_kwargs(mode, root, 6.35, max(conc, 4), pair=pair, kv_cache_gib=kv_cache_gib,
+                            gpu_util=gpu_util),
         profiler_config={
             "profiler": "torch", "torch_profiler_dir": trace_dir,
             "torch_profiler_with_stack": False, "ignore_frontend": True,
-            "warmup_iterations": 6, "active_iterations": steps,
+            "wait_iterations": wait, "warmup_iterations": 6,
+            "active_iterations": steps,
         },
     )  # fmt: skip
     rng = random.Random(0)
 
     sp = SamplingParams(
-        temperature=0, max_tokens=768, ignore_eos=True, detokenize=False
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False
     )
     # warm-up: shapes, graphs
     llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
@@ -221,7 +236,7 @@ def run(
         "mode": mode,
         "pair": pair,
         "conc": conc,
-        "untraced_tok_s": round(conc * 768 / untraced, 1),
+        "untraced_tok_s": round(conc * max_tokens / untraced, 1),
     }
     if files:
         summary["trace"] = os.path.basename(files[-1])
@@ -245,6 +260,12 @@ def main() -> None:
         "--kv-cache-gib", type=float, default=0.0,
         help="fixed KV cache (no memory profiling: another engine shares the GPU)",
     )  # fmt: skip
+    ap.add_argument("--max-tokens", type=int, default=768)
+    ap.add_argument("--gpu-util", type=float, default=0.85)
+    ap.add_argument(
+        "--wait", type=int, default=0,
+        help="engine steps before the profiler's warm-up (past the prefill at large batches)",
+    )  # fmt: skip
     ap.add_argument("--analyse", default=None, help="summarise an existing trace")
     args = ap.parse_args()
     if args.analyse:
@@ -259,6 +280,9 @@ def main() -> None:
         args.root,
         args.pair,
         args.kv_cache_gib,
+        args.max_tokens,
+        args.wait,
+        args.gpu_util,
     )
 
 

@@ -4,9 +4,10 @@
 vLLM's ``fused_sigmoid_gating_delta_rule_update`` with ``num_accepted_tokens``
 stores the state after each verified token in its own slot. The replay verify must
 give the same outputs, and verify + commit of ``n`` accepted tokens must leave the
-state vLLM keeps in slot ``n - 1``: on the Qwen3.6-27B head shapes (16 key / 48
+state vLLM keeps in slot ``n - 1`` (to a few epsilons of the state dtype): on the Qwen3.6-27B head shapes (16 key / 48
 value heads of 128, TP 1 and 2) and a small grouped shape, float32 and bf16
-states, several steps, padded rows and a null slot. Also the torch implementation
+states, several steps (some of one token: the state stored, nothing pending),
+padded rows and a null slot. Also the torch implementation
 (the CPU path) on the same inputs. Skipped without a GPU.
 """
 
@@ -74,7 +75,13 @@ def test_replay_equals_vllm_slots(cuda, shape, state_dtype):
     stock_slots[3] = 0
     worst_o, worst_state, worst_torch = 0.0, 0.0, 0.0
     for step in range(4):
-        lens = [r, r - 2 if step % 2 else r, r, r]
+        # one-token verifies (steps without drafts) on rows 0 and 2 on some steps
+        lens = [
+            1 if step == 1 else r,
+            r - 2 if step % 2 else r,
+            1 if step % 3 else r,
+            r,
+        ]
         t = sum(lens)
         q = torch.randn(1, t, h, dk, device=dev, generator=gen, dtype=torch.bfloat16)
         kk = torch.randn(1, t, h, dk, device=dev, generator=gen, dtype=torch.bfloat16)
@@ -95,6 +102,8 @@ def test_replay_equals_vllm_slots(cuda, shape, state_dtype):
             q, kk, v, a, b, gates, replay_state, ring, layout, cu, replay_slots
         )
         live = slice(0, sum(lens[:3]))  # the padded row's outputs are not written
+        # a one-token verify stores its state and leaves nothing pending
+        assert ring[1:4, 0].tolist() == [float(n > 1) for n in lens[:3]]
         worst_o = max(
             worst_o, (o_replay[:, live] - o_stock[:, live]).abs().max().item()
         )
@@ -120,16 +129,21 @@ def test_replay_equals_vllm_slots(cuda, shape, state_dtype):
         gdn_replay_triton.commit(
             probe, ring.clone(), layout, replay_slots, accepted, gates
         )
-        worst_state = max(
-            worst_state, (probe[1:4].float() - want.float()).abs().max().item()
+        # in units of the state dtype's epsilon at the state's scale
+        ulps = (probe[1:4].float() - want.float()).abs().max().item() / (
+            torch.finfo(state_dtype).eps * max(want.float().abs().max().item(), 1.0)
         )
+        worst_state = max(worst_state, ulps)
         stock_state[slots_stock[:3, 0]] = want
     print(
         f"shape {shape} {state_dtype}: max |o - vLLM| {worst_o:.3g}, "
-        f"max |state - vLLM slot| {worst_state:.3g}, torch path {worst_torch:.3g}"
+        f"max |state - vLLM slot| {worst_state:.3g} eps, torch path {worst_torch:.3g}"
     )
-    # one step function in both kernels: the committed state is vLLM's slot
-    assert worst_state == 0.0
+    # one step function in both kernels, but one warp per program (vLLM's
+    # speculative kernel: four) sums in another order: the committed state is
+    # vLLM's slot to rounding (H200, session 24: at most 1.2e-7 in float32 and
+    # 4.9e-4 in bf16 on these shapes; with four warps it was bit for bit)
+    assert worst_state <= 4.0
     assert worst_o <= 2e-2  # bf16 outputs (vLLM's kernel: its own op order)
     assert worst_torch <= 2e-2
 

@@ -10,7 +10,9 @@ keeps one state slot plus a small *record ring* beside it:
   vLLM's kernel computes them), stores each token's inputs to the state update
   (the raw key, value, ``a`` and ``b`` of the layer, exactly as the kernel
   received them, in the model dtype: no rounding) and marks the ring pending; it
-  writes no state;
+  writes no state, except for a one-token verify (a step without drafts): its
+  token is always kept, so the state after it is stored in place and nothing is
+  left pending (the work of a plain decode: one state read, one write);
 * the next step first *commits* the ring: the state advances over the accepted
   tokens only (``num_accepted`` of them) with the verify's own arithmetic
   (l2-normalised key, gate ``g = -exp(A_log) softplus(a + dt_bias)``,
@@ -197,7 +199,8 @@ def verify_torch(
 
     ``q, k [T, H, K]``, ``v [T, HV, V]``, ``a, b [T, HV]`` as the layer computed
     them, ``slots [N]`` the sequences' state slots (``<= 0``: skipped, zero
-    output). Returns ``o [T, HV, V]`` (float32). The state is not written.
+    output). Returns ``o [T, HV, V]`` (float32). The state is not written, except
+    for a sequence of one token: its state is stored and its ring not pending.
     """
     n = cu_seqlens.numel() - 1
     hv = layout.num_v_heads
@@ -235,7 +238,10 @@ def verify_torch(
         values[:, t] = torch.where(on[:, None, None], v[i].to(ring.dtype), values[:, t])
         ring_a[:, t] = torch.where(on[:, None], a[i].to(ring.dtype), ring_a[:, t])
         ring_b[:, t] = torch.where(on[:, None], b[i].to(ring.dtype), ring_b[:, t])
-    rows[:, 0] = torch.where(live, 1.0, rows[:, 0].float()).to(ring.dtype)
+    # a one-token verify keeps its token: its state is stored, nothing is pending
+    single = live & (lens == 1)
+    state[safe[single]] = s[single].to(state.dtype)
+    rows[:, 0] = (live & ~single).to(ring.dtype)  # (only live rows are written)
     ring[safe[live]] = rows[live]
     return out
 

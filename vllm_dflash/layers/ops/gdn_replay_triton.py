@@ -5,8 +5,9 @@ One program per (value-block, sequence x value-head), the state tile ``[BV, K]``
 in registers, as vLLM's recurrent kernel; both kernels skip rows whose state slot
 is the null block. ``verify`` computes the outputs as vLLM's speculative verify
 does (the same delta-rule step, ``_delta_step``) and stores each token's raw
-inputs instead of ``1 + k`` states; ``commit`` advances the state over the
-accepted records with the same step. Records of a key head are written by the
+inputs instead of ``1 + k`` states (a one-token verify stores the state after
+its token instead: that token is always kept); ``commit`` advances the state over
+the accepted records with the same step. Records of a key head are written by the
 first value head of its group and the first value block only; ``a``/``b`` by
 the first value block; the flag by one program per row.
 """
@@ -161,9 +162,13 @@ def _verify_kernel(
     b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
     b_decay = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
-    writes_key = (i_v == 0) & (i_hv % (HV // H) == 0)
-    ring_ty = ring.dtype.element_ty
     n_tok = tl.minimum(seq_len, R)
+    # a one-token verify (a step without drafts) keeps its only token: the state
+    # after it is stored in place and nothing is recorded (the flag says so)
+    records = n_tok > 1
+    writes_key = (i_v == 0) & (i_hv % (HV // H) == 0) & records
+    writes_gate = (i_v == 0) & records
+    ring_ty = ring.dtype.element_ty
     # token t + 1's inputs are loaded while token t is computed: the loads leave
     # the recurrence's critical path (the arithmetic is unchanged)
     n_q = tl.load(q + (bos * H + i_h) * K + o_k, mask=mask_k, other=0)
@@ -192,16 +197,31 @@ def _verify_kernel(
         tl.store(
             o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v
         )
-        tl.store(base + V_OFF + (t * HV + i_hv) * V + o_v, r_v.to(ring_ty), mask=mask_v)
-        if i_v == 0:
+        tl.store(
+            base + V_OFF + (t * HV + i_hv) * V + o_v, r_v.to(ring_ty),
+            mask=mask_v & records,
+        )  # fmt: skip
+        if writes_gate:
             tl.store(base + A_OFF + t * HV + i_hv, r_a.to(ring_ty))
             tl.store(base + B_OFF + t * HV + i_hv, r_b.to(ring_ty))
         if writes_key:
             tl.store(
                 base + K_OFF + (t * H + i_h) * K + o_k, r_k.to(ring_ty), mask=mask_k
             )
+    if n_tok <= 1:
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
     if (i_v == 0) & (i_hv == 0):
-        tl.store(base, tl.full([], 1.0, tl.float32).to(ring_ty))
+        flag = tl.where(records, 1.0, 0.0)
+        tl.store(base, flag.to(ring_ty))
+
+
+# Launch configurations (num_warps, num_stages); benchmarks/gpu/gdn_paths.py times others.
+# One warp per program, as vLLM's packed decode kernel: on the H200 with the 27B
+# shapes at 256 requests (48 layers) the verify of 1 token took 6.6 ms against 9.5
+# with 4 warps, of 4 tokens 16.1 against 25.2; the commit 10.2 against 10.8
+# (session 24, benchmarks/results/h200-2026-12-03-s24/).
+COMMIT_LAUNCH = (1, 2)
+VERIFY_LAUNCH = (1, 3)
 
 
 def _blocks(layout: RingLayout) -> tuple[int, int, int]:
@@ -231,11 +251,13 @@ def commit(
     indices: torch.Tensor,
     num_accepted: torch.Tensor,
     gates: Gates,
+    launch: tuple[int, int] | None = None,
 ) -> None:
     n = indices.shape[0]
     if n == 0:
         return
     bk, bv, nv = _blocks(layout)
+    warps, stages = launch or COMMIT_LAUNCH
     _commit_kernel[(nv, n * layout.num_v_heads)](
         gates.A_log,
         gates.dt_bias,
@@ -250,8 +272,8 @@ def commit(
         BK=bk,
         BV=bv,
         L2NORM=gates.use_qk_l2norm,
-        num_warps=4,
-        num_stages=2,
+        num_warps=warps,
+        num_stages=stages,
         **_offsets(layout),
     )
 
@@ -269,12 +291,14 @@ def verify(
     cu_seqlens: torch.Tensor,
     slots: torch.Tensor,
     scale: float,
+    launch: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     n = cu_seqlens.shape[0] - 1
     o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
     if n == 0:
         return o
     bk, bv, nv = _blocks(layout)
+    warps, stages = launch or VERIFY_LAUNCH
     _verify_kernel[(nv, n * layout.num_v_heads)](
         gates.A_log,
         a.contiguous(),
@@ -296,8 +320,8 @@ def verify(
         BK=bk,
         BV=bv,
         L2NORM=gates.use_qk_l2norm,
-        num_warps=4,
-        num_stages=3,
+        num_warps=warps,
+        num_stages=stages,
         **_offsets(layout),
     )
     return o
