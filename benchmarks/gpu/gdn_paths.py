@@ -50,10 +50,22 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--k", type=int, default=15)
+    ap.add_argument(
+        "--replays",
+        default="1:1,4:3",
+        help="replay shapes TOKENS:ACCEPTED (verify TOKENS a request after a commit "
+        "of ACCEPTED records), e.g. 1:1,4:3,16:8",
+    )
+    ap.add_argument(
+        "--no-vllm", action="store_true", help="skip vLLM's two decode paths"
+    )
     args = ap.parse_args()
+    replays = [tuple(int(x) for x in r.split(":")) for r in args.replays.split(",")]
     for n in [int(x) for x in args.batches.split(",")]:
-        results = [_measure(n, args.layers, args.repeats, args.k)]
-        for tokens, accepted in ((1, 1), (4, 3)):
+        results = (
+            [] if args.no_vllm else [_measure(n, args.layers, args.repeats, args.k)]
+        )
+        for tokens, accepted in replays:
             results.append(
                 _replay(n, args.layers, args.repeats, args.k, tokens, accepted)
             )
@@ -66,7 +78,11 @@ def main() -> None:
 
 # launch configurations (num_warps, num_stages) of the replay kernels to time:
 # the shipped ones (None) and session 23's (commit 4 warps 2 stages, verify 4, 3)
-LAUNCHES = {"shipped": (None, None), "s23": ((4, 2), (4, 3))}
+LAUNCHES = {
+    "shipped": (None, None),
+    "w2": ((2, 2), (2, 3)),
+    "s23": ((4, 2), (4, 3)),
+}
 
 
 def _replay(
