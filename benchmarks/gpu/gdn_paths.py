@@ -77,7 +77,7 @@ def main() -> None:
 
 
 # launch configurations (num_warps, num_stages) of the replay kernels to time:
-# the shipped ones (None) and session 23's (commit 4 warps 2 stages, verify 4, 3)
+# the shipped ones (None: one warp), two warps, and session 23's four
 LAUNCHES = {
     "shipped": (None, None),
     "w2": ((2, 2), (2, 3)),
