@@ -48,7 +48,6 @@ from vllm_dflash.spec_decode import (
     prefill_alias,
     query_buffers,
     short_draft_block,
-    short_verify_graphs,
     sliding_window,
     step_profile,
     tp_graph_replay,
@@ -87,11 +86,7 @@ PATCHES: tuple[Patch, ...] = (
     dist_name.PATCH,
     arg_parser.ARG_PATCH,
     argv_rebuild.PATCH,
-    # prefill_alias calls vLLM's own _determine_batch_execution_and_padding, so
-    # short_verify_graphs wraps it from outside; cudagraph_memory captures through
-    # short_verify_graphs' _warmup_and_capture (its extra graphs are measured too)
     prefill_alias.PATCH,
-    short_verify_graphs.PATCH,
     tp_graph_replay.PATCH,
     cudagraph_memory.PATCH,  # after tp_graph_replay: wraps its profile wrapper
     query_buffers.PATCH,

@@ -72,19 +72,3 @@ def draft_length_schedule() -> tuple[int, ...] | None:
         VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE,
         "comma-separated non-negative integers, e.g. 4,0,0,2",
     )
-
-
-# Comma-separated draft lengths, e.g. "0,1,3": with "draft_length": "adaptive" and
-# full CUDA graphs, the target also captures full graphs for decode batches that
-# verify exactly these lengths (vLLM captures them for k drafts only). Experimental:
-# see docs/full-graph-short-verifies.md.
-VLLM_DFLASH_SHORT_VERIFY_GRAPHS = "VLLM_DFLASH_SHORT_VERIFY_GRAPHS"
-
-
-def short_verify_graph_lengths() -> tuple[int, ...]:
-    values = _draft_lengths(
-        VLLM_DFLASH_SHORT_VERIFY_GRAPHS,
-        "comma-separated draft lengths below num_speculative_tokens, e.g. 0,1,3; "
-        "unset it to keep vLLM's graphs",
-    )
-    return tuple(sorted(set(values or ())))

@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
 # Stages: gdn (gdn_paths.py: GDN decode kernels alone, vLLM's paths and the plugin's replay; GDN_BATCHES, GDN_REPLAYS=TOKENS:ACCEPTED,..., GDN_NO_VLLM=1), check (gpu_check.py; RUNS=subset, JOBS=engines at once, SLOTS=engines per GPU: JOBS=4 on one GPU needs SLOTS=4), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU (a comma list: one round per acceptance), PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
-# PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL, PERF_CG_MODE (cudagraph_mode, e.g. PIECEWISE), VLLM_DFLASH_SHORT_VERIFY_GRAPHS (e.g. 0,1,3; tag suffix -svg0.1.3),
+# PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL, PERF_CG_MODE (cudagraph_mode, e.g. PIECEWISE),
 # PERF_TURN=DIR:MODE1,MODE2 (engines started together on one GPU, e.g. perf:base@0 perf:plugin@0, take turns batch by batch; needs PERF_KV_GIB), PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
 # swa (swa_context.py: sliding vs full drafter at SWA_CONTEXTS), sampling (sampling_check.py:
 # SAMPLING_STAGES of crash,dense,pair,hybrid (default crash,dense,pair; its hybrid is the tiny
@@ -110,7 +110,6 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
        for tau in ${taus//,/ }; do
         tag=rep$rep; [[ $taus == *,* ]] && tag=rep$rep-tau$tau
         [ -n "${PERF_CG_MODE:-}" ] && tag=$tag-${PERF_CG_MODE,,}
-        [ -n "${VLLM_DFLASH_SHORT_VERIFY_GRAPHS:-}" ] && tag=$tag-svg${VLLM_DFLASH_SHORT_VERIFY_GRAPHS//,/.}
         for mode in ${arg:-${PERF_MODES:-base stock plugin}}; do
           local log="$W/perf-$mode-tp${PERF_TP:-1}-$tag-gpu$gpu.log"
           if [ -n "${PERF_DEADLINE:-}" ] && [ $(( $(date +%s) - T0 )) -gt "$PERF_DEADLINE" ]; then
@@ -132,7 +131,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           grep -m1 -o "DFlash step budget: [0-9]* tokens\|max_num_scheduled_tokens is set to [0-9]*" "$log" | sed "s/^/[$mode] /"
           grep -m3 -o "Traceback.*\|Error: .*\|error: .*" "$log" | sed "s/^/[$mode] /"
           grep -o "Estimated CUDA graph memory.*\|CUDA graph pool memory.*\|init engine .*" "$log" | sed "s/^/[$mode] /"
-          grep -m6 -o "full CUDA graphs also for .*\|first full CUDA graph replay of .*\|SHORT_VERIFY_GRAPHS is set but unused.*\|Graph capturing finished.*" "$log" | sed "s/^/[$mode] /"
+          grep -m6 -o "Graph capturing finished.*" "$log" | sed "s/^/[$mode] /"
           cp "$W/perf.jsonl" "$OUT/perf.jsonl" 2>/dev/null
         done
        done

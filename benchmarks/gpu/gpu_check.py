@@ -86,10 +86,6 @@ class Run:
     # transition, including steps that verify nothing, under CUDA graphs).
     draft_length: str = ""
     schedule: str = ""
-    # VLLM_DFLASH_SHORT_VERIFY_GRAPHS: full CUDA graphs also for these draft lengths
-    # (spec_decode/short_verify_graphs.py); the log must say they were captured and
-    # replayed for each of these lengths that ``schedule`` verifies.
-    short_verify_graphs: str = ""
 
     @property
     def base(self) -> str:
@@ -122,7 +118,7 @@ RUNS = [
     Run("base-eager-fp32", dtype="float32"),
     Run("dense-eager-fp32", "dense", dtype="float32"),
     # Sliding layers on FLEX_ATTENTION: 89.0% = reference while they shared the full
-    # layer's metadata builder (window-pruned block masks); own builder since s4.
+    # layer's metadata builder (window-pruned block masks); own builder since 2026-11-30.
     Run("swa-eager-fp32", "swa", dtype="float32"),
     # #50065: 33 sequences x (1 + k=7) = 264 query tokens; the dispatcher pads the
     # drafter batch to the capture size 272. Stock 0.20.1 (patch disabled) started
@@ -173,14 +169,6 @@ RUNS = [
     Run("hybrid-swa-graph-fp32-adaptive", "swa", eager=False, fixtures="hybrid",
         dtype="float32", gdn_prefill="torch", draft_length="adaptive",
         schedule="7,0,0,3,1,5,0,2"),
-    # The same schedules with full graphs for 0, 1 and 3 drafts (1 + d divides 8):
-    # the 0-, 1- and 3-draft steps replay them, 5 and 2 stay piecewise.
-    Run("dense-graph-adaptive-svg", "swa", eager=False, draft_length="adaptive",
-        schedule="7,0,0,3,1,5,0,2", short_verify_graphs="0,1,3"),
-    # bf16: in fp32 the drafter runs on FLEX_ATTENTION and vLLM keeps the engine
-    # PIECEWISE, so there are no full graphs to add (session 21 on the H200).
-    Run("hybrid-swa-graph-adaptive-svg", "swa", eager=False, fixtures="hybrid",
-        draft_length="adaptive", schedule="7,0,0,3,1,5,0,2", short_verify_graphs="0,1,3"),
     Run("hybrid-swa-eager-fp32-long-prefixcache-stock", "swa", fixtures="hybrid",
         dtype="float32", gdn_prefill="torch", min_prompt_len=320, prefix_caching=True,
         disable="hybrid_align_budget_check", defect_wrong_token=True),
@@ -254,7 +242,7 @@ def run_one(
     if run.min_prompt_len > 8:
         # 512 - 32 sequences x 6 draft slots = 320 >= the 304-token block: prefills
         # are cut at block boundaries, where 'align' mode keeps the GDN state (a
-        # prompt prefilled in one chunk leaves none: the H200 run of session 9 had
+        # prompt prefilled in one chunk leaves none: the H200 run of 2026-12-01 had
         # 320 prefix-cache queries and 0 hits)
         cmd += [
             "--min-prompt-len",
@@ -270,8 +258,6 @@ def run_one(
     env = dict(os.environ)
     if run.schedule:
         env["VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE"] = run.schedule
-    if run.short_verify_graphs:
-        env["VLLM_DFLASH_SHORT_VERIFY_GRAPHS"] = run.short_verify_graphs
     if not run.defect_wrong_token:  # judged by its tokens alone: no drafts to replay
         env["VLLM_DFLASH_TRACE"] = str(trace)
     env["VLLM_DFLASH_DISABLE"] = "" if run.disable == "*" else run.disable
@@ -304,15 +290,6 @@ def run_one(
     res = {"rc": rc, "wall_s": round(time.time() - t0, 1), "backends": backends}
     if run.fixtures == "hybrid":  # the GDN prefill kernel vLLM logged
         res["gdn_prefill"] = gdn_backend.from_log(log)
-    if run.short_verify_graphs:  # what the engine said of the extra graphs
-        found = re.findall(
-            r"(full CUDA graphs also for .*|SHORT_VERIFY_GRAPHS.*unused.*)", log
-        )
-        res["short_graphs"] = found[0] if found else None
-        # draft lengths whose first step dispatched to an extra full graph
-        res["short_graph_replays"] = sorted(
-            {int(d) for d in re.findall(r"first full CUDA graph replay of a decode verifying (\d+) drafts", log)}
-        )  # fmt: skip
     return {**res,
             "expected_failure_seen": bool(run.fail_pattern)
             and re.search(run.fail_pattern, log) is not None}  # fmt: skip
@@ -352,7 +329,7 @@ def execute(
     for _ in range(max(1, per_gpu)):
         for i in range(max(1, min(jobs, len(gpus)))):
             slots.put(gpus[i])
-    if jobs > slots.qsize():  # session 21: JOBS=4 on one GPU ran one engine at a time
+    if jobs > slots.qsize():  # JOBS=4 on one GPU once ran one engine at a time
         print(f"[gpu_check] --jobs {jobs} but {len(gpus)} GPU(s) x {per_gpu} slot(s): "
               f"{slots.qsize()} engine(s) at a time (more per GPU: --slots-per-gpu, SLOTS=)",
               flush=True)  # fmt: skip
@@ -468,24 +445,6 @@ def analyse(job: tuple[str, str, str, str]) -> dict:
     return entry
 
 
-def graphs_verdict(run: Run, r: dict) -> tuple[bool, str]:
-    """The extra full graphs were captured, and every extra length that the forced
-    schedule verifies was dispatched to one (the engine logs each first replay)."""
-    seen = r.get("short_graphs") or ""
-    if not seen.startswith("full CUDA graphs also"):
-        return False, seen or "the engine logged nothing about the extra graphs"
-    extra = {int(d) for d in run.short_verify_graphs.split(",")}
-    wanted = sorted(extra & {int(d) for d in run.schedule.split(",") if d})
-    replayed = r.get("short_graph_replays") or []
-    missing = [d for d in wanted if d not in replayed]
-    if missing:
-        return (
-            False,
-            f"{seen}; never replayed for {missing} drafts (replayed: {replayed})",
-        )
-    return True, f"{seen}; replayed for {replayed} drafts"
-
-
 def kv_window_ok(
     run: Run, kv: dict, window: int | None, sliding_layers: int = 0
 ) -> tuple[bool, str]:
@@ -534,8 +493,6 @@ def evaluate(report: dict) -> list[dict]:
         ):
             add("gdn_prefill", name, r["gdn_prefill"] == want,
                 f"vLLM logged {r['gdn_prefill']}, expected {want}")  # fmt: skip
-        if run.short_verify_graphs:
-            add("graphs", name, *graphs_verdict(run, r))
         if not run.drafter:
             continue
         if run.defect_wrong_token:

@@ -66,7 +66,7 @@ STAGES = {
     },
     "nospec_bf16": {"spec": False, "kv": "auto", "env": {}},
     # vLLM's own KV layout (1 + k GDN state copies, the drafter in its own group):
-    # the layout of the session 6-7 measurements
+    # the layout of the first H200 measurements (2026-12-01)
     "dflash_bf16_copies": {
         "spec": True,
         "kv": "auto",

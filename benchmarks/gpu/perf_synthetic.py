@@ -6,14 +6,14 @@
 MODE: ``base`` (no speculation), ``stock`` (DFlash, vllm-dflash not loaded:
 VLLM_PLUGINS set to nothing), ``plugin`` (DFlash with vllm-dflash), ``adaptive``
 (the same with ``"draft_length": "adaptive"``), ``adaptive-fullhead`` (adaptive
-without dflash_partial_draft_head: the draft head over all k positions, as in
-session 10), ``adaptive-reserve`` (adaptive without dflash_full_step_budget: vLLM's
+without dflash_partial_draft_head: the draft head over all k positions, as
+measured on 2026-12-01), ``adaptive-reserve`` (adaptive without dflash_full_step_budget: vLLM's
 step budget, k drafting slots per sequence reserved), ``adaptive-nojit`` (adaptive
-without dflash_jit_warmup: the spec-decode kernels compile while serving, as in
-session 22; each DFlash run writes OUT.jit-MODE-TAG.jsonl, the variants its workers
+without dflash_jit_warmup: the spec-decode kernels compile while serving, as
+before that patch; each DFlash run writes OUT.jit-MODE-TAG.jsonl, the variants its workers
 compiled after their start-up warm-up), ``prev`` (the plugin without the
-session-11 hybrid patches: dflash_hybrid_no_accepted_sync, dflash_gdn_shared_metadata,
-dflash_gdn_state_replay; what sessions 9-10 measured). Same setup as
+hybrid patches of issue #16: dflash_hybrid_no_accepted_sync, dflash_gdn_shared_metadata,
+dflash_gdn_state_replay; what was measured before them, 2026-12-01). Same setup as
 shared/gpu/exp/perf_synthetic.py, which measured stock 0.20.1: a Qwen3-8B-shaped
 target, a drafter shaped like z-lab/Qwen3-8B-DFlash-b16 (5 layers, target ids
 [1,9,17,25,33], block 16), bf16, CUDA graphs, 512-token prompts, 1024 output
@@ -124,8 +124,8 @@ def engine_kwargs(
     )  # fmt: skip
 
 
-# The patches of session 11 (issue #16); ``prev`` disables them.
-SESSION11_PATCHES = (
+# The hybrid patches of issue #16; ``prev`` disables them.
+ISSUE16_PATCHES = (
     "dflash_hybrid_no_accepted_sync",
     "dflash_gdn_shared_metadata",
     "dflash_gdn_state_replay",
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="no CUDA graphs (the mode of the session-6 memory numbers: 26.9 / 111.3)",
+        help="no CUDA graphs (the mode of the first memory numbers: 26.9 / 111.3)",
     )
     ap.add_argument(
         "--kv-cache-gib",
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.turn and not args.kv_cache_gib:
         # engines that profile their memory at the same time count each other's
-        # allocations (session 14: the second of two 8B engines got 1.27 GiB)
+        # allocations (H200, 2026-12-02: the second of two 8B engines got 1.27 GiB)
         ap.error("--turn needs --kv-cache-gib (a fixed KV cache for each engine)")
     turns = Turns(args.turn, args.mode, args.tag) if args.turn else None
     try:
@@ -353,12 +353,12 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
     if args.mode == "stock":
         os.environ["VLLM_PLUGINS"] = ""  # load no general plugin: stock vLLM
     if args.mode == "prev":
-        os.environ["VLLM_DFLASH_DISABLE"] = ",".join(SESSION11_PATCHES)
-    if args.mode == "adaptive-fullhead":  # the session-10 adaptive mode
+        os.environ["VLLM_DFLASH_DISABLE"] = ",".join(ISSUE16_PATCHES)
+    if args.mode == "adaptive-fullhead":  # the first adaptive mode (2026-12-01)
         os.environ["VLLM_DFLASH_DISABLE"] = "dflash_partial_draft_head"
-    if args.mode == "adaptive-reserve":  # vLLM's step budget (session 21's runs)
+    if args.mode == "adaptive-reserve":  # vLLM's step budget (the 2026-12-03 runs)
         os.environ["VLLM_DFLASH_DISABLE"] = "dflash_full_step_budget"
-    if args.mode == "adaptive-nojit":  # kernels compiled while serving (session 22)
+    if args.mode == "adaptive-nojit":  # kernels compiled while serving
         os.environ["VLLM_DFLASH_DISABLE"] = "dflash_jit_warmup"
     # DFlash workers: one line per Triton variant compiled after their warm-up
     os.environ.setdefault(
@@ -453,10 +453,6 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
             }  # fmt: skip
             if args.cudagraph_mode:
                 rec["cudagraph_mode"] = args.cudagraph_mode
-            if os.environ.get("VLLM_DFLASH_SHORT_VERIFY_GRAPHS"):
-                rec["short_verify_graphs"] = os.environ[
-                    "VLLM_DFLASH_SHORT_VERIFY_GRAPHS"
-                ]
             time.sleep(0.05)  # the engine core writes its last step's line
             rec["steps"] = step_summary(steps_path, t1, t2 + 0.05)
             if args.profile and os.path.exists(args.profile):

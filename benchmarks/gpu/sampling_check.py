@@ -13,7 +13,7 @@ Stages (all started at once, one engine per process, on one GPU; every engine ge
   ``CUDA_LAUNCH_BLOCKING=1``: with the plugin it must run (also greedy and with 16
   tokens); with ``dflash_flex_full_cudagraph`` disabled it must crash (stock defect).
   The variants that isolated the trigger (eager, bf16, dense drafter, no
-  speculation, PIECEWISE) ran in the session's second call (results README).
+  speculation, PIECEWISE) ran in a second call (results README).
 * ``dense``: tests/helpers/sampling_check.py on the head_dim-128 tiny fixtures
   (random dense drafter), bf16, FLASH_ATTN, CUDA graphs; DFlash + no-spec engines.
 * ``pair``: the same check on the CPU test's pair (``sampling_pair``: peaked target,

@@ -141,7 +141,7 @@ def test_replay_equals_vllm_slots(cuda, shape, state_dtype):
     )
     # one step function in both kernels, but one warp per program (vLLM's
     # speculative kernel: four) sums in another order: the committed state is
-    # vLLM's slot to rounding (H200, session 24: at most 1.2e-7 in float32 and
+    # vLLM's slot to rounding (H200, 2026-12-03: at most 1.2e-7 in float32 and
     # 4.9e-4 in bf16 on these shapes; with four warps it was bit for bit)
     assert worst_state <= 4.0
     assert worst_o <= 2e-2  # bf16 outputs (vLLM's kernel: its own op order)

@@ -117,7 +117,7 @@ def fake_device(monkeypatch):
 @pytest.fixture(scope="module", autouse=True)
 def _patched():
     """Applied for this module only: later tests chain their own patches in
-    catalog order (test_short_verify_graphs.py) and must not find it applied."""
+    catalog order and must not find it applied."""
     assert cm.probe()
     with pytest.MonkeyPatch.context() as mp:
         restore_after(mp, cm.PATCH)

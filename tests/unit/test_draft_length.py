@@ -82,7 +82,7 @@ def test_policy_finds_the_best_length_per_batch_size(q):
 
 
 def test_noisy_medians_do_not_make_a_longer_verify_look_cheaper():
-    """The H200's medians at 64-127 requests (session 14, acceptance 3.5: positions
+    """The H200's medians at 64-127 requests (2026-12-02, acceptance 3.5: positions
     1-2 accepted, 3 half the time, 4 never): with them taken as they are, 15 drafts
     (30.7 ms) looked cheaper than 8 (56.7 ms) and the policy verified 15. Fitted
     non-decreasing in d, 3, 4 and 6 cost the same (32.5 ms); their scores differ by
@@ -104,7 +104,7 @@ def test_noisy_medians_do_not_make_a_longer_verify_look_cheaper():
 
 @pytest.mark.parametrize("full_graph_tokens", [512, 0])
 def test_k_with_a_full_cuda_graph_is_not_fitted(full_graph_tokens):
-    """The H200's medians at one and at 16-31 requests (session 15, acceptance
+    """The H200's medians at one and at 16-31 requests (2026-12-02, acceptance
     3.5): 15 drafts run as the target's full CUDA graph and cost less than any
     shorter length. Fitted with the others (no full graphs known), 15 looks as
     slow as them and a shorter length is kept (the run verified 6 and 3 drafts:
@@ -154,7 +154,7 @@ def test_a_bucket_without_full_graphs_does_not_start_from_k():
     assert chosen == {512: 4, 0: 15}, chosen
 
 
-# The H200's step medians at 64 requests, acceptance 3.5 (session 17, first
+# The H200's step medians at 64 requests, acceptance 3.5 (2026-12-02, first
 # batch: ms per draft length).
 H200_64_MS = {0: 14.265, 1: 17.133, 2: 14.172, 3: 10.309, 4: 14.531, 6: 15.336}
 H200_64_MS |= {8: 30.972, 11: 29.602, 15: 29.412}
@@ -162,7 +162,7 @@ H200_64_MS |= {8: 30.972, 11: 29.602, 15: 29.412}
 
 @pytest.mark.parametrize("knee", [True, False])
 def test_a_new_bucket_does_not_probe_drafts_that_are_not_accepted(knee, monkeypatch):
-    """Session 17 (H200, acceptance 3.5: positions 1-2 accepted, 3 half the time,
+    """H200, 2026-12-02 (acceptance 3.5: positions 1-2 accepted, 3 half the time,
     4 never): the first batch of 64 requests started from 32-63's 11 drafts and
     probed 11, 8 and 15 at 29-31 ms a step where 3 took 10 ms (0.88x no
     speculation). Those lengths add no expected tokens over 3 and cost no less:
@@ -207,7 +207,7 @@ def test_a_longer_length_with_accepted_drafts_is_still_probed():
     assert chosen[-1] == 15 and {4, 6, 8, 11} <= set(chosen), chosen
 
 
-# The H200's step medians at 256 requests, 27B hybrid pair (session 18, ms per
+# The H200's step medians at 256 requests, 27B hybrid pair (2026-12-03, ms per
 # draft length: 2-6 measured; 1 and 0 never were). 1: between 0 and 2 on the line
 # of 2-4. 0: an estimate, the no-speculation engine's decode step there (its
 # batches less the prefill both engines share: ~33 ms) plus the drafter's
@@ -220,7 +220,7 @@ H200_HYBRID_256_MS |= {6: 237.508, 8: 300.0, 11: 390.0, 15: 510.0}
 def test_zero_drafts_are_probed_where_the_walk_stops_above_them(
     zero_probe, monkeypatch
 ):
-    """Session 18 (H200, 27B hybrid pair, 256 requests, acceptance 3.5): the
+    """H200, 2026-12-03 (27B hybrid pair, 256 requests, acceptance 3.5): the
     bucket started at 2 drafts (the 128-255 bucket's), found 1 clearly worse and
     stopped walking down, so 0 drafts, a step without the drafter's query pass,
     was never measured; 2 drafts ran at 0.96x no speculation. 0 is now probed and
@@ -246,7 +246,7 @@ def test_zero_drafts_are_probed_where_the_walk_stops_above_them(
 
 @pytest.mark.parametrize("walk_past", [True, False])
 def test_a_bucket_at_zero_drafts_finds_longer_drafts_again(walk_past, monkeypatch):
-    """A bucket at 0 drafts (the best at first: session 18's 256-request times)
+    """A bucket at 0 drafts (the best at first: the 2026-12-03 256-request times)
     re-probes every ``reprobe_every`` steps: from 0 the walk up meets 1 draft,
     clearly worse (it pays the drafter's query pass for one extra token), and
     goes on to 2, which wins once its step time has fallen. With the rule off

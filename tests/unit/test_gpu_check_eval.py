@@ -42,9 +42,6 @@ def good_report() -> dict:
             "hybrid-swa-eager": _spec_run(0.995, 0.95, swa_kv),
             "hybrid-swa-eager-stock40727": _spec_run(0.45, 0.44, swa_kv),
             "hybrid-swa-eager-stock40898": _spec_run(0.02, 0.02, dense_kv),
-            "dense-graph-adaptive-svg": {**_spec_run(0.99, 0.95, swa_kv),
-                "short_graphs": "full CUDA graphs also for decodes verifying [0, 1, 3] drafts (28 more graphs; 0,1,3)",
-                "short_graph_replays": [0, 1, 3]},
         }
     }  # fmt: skip
 
@@ -64,7 +61,6 @@ def test_good_report_passes_every_check():
         "drafts",
         "kv_window",
         "stock_defect",
-        "graphs",
     }
 
 
@@ -109,13 +105,6 @@ def test_good_report_passes_every_check():
          ("stock_defect", "hybrid-swa-eager-stock40727")),
         (lambda r: r["runs"]["hybrid-swa-eager"]["kv"]["d.2"].update(kv_spec="MambaSpec"),
          ("kv_window", "hybrid-swa-eager")),
-        # Extra full graphs captured but a scheduled length never dispatched to one.
-        (lambda r: r["runs"]["dense-graph-adaptive-svg"].update(short_graph_replays=[0, 3]),
-         ("graphs", "dense-graph-adaptive-svg")),
-        # The feature stayed off (e.g. a PIECEWISE-only engine).
-        (lambda r: r["runs"]["dense-graph-adaptive-svg"].update(
-            short_graphs="SHORT_VERIFY_GRAPHS is set but unused: cudagraph_mode PIECEWISE", short_graph_replays=[]),
-         ("graphs", "dense-graph-adaptive-svg")),
     ],
 )  # fmt: skip
 def test_each_defect_fails_its_check(edit, expect):

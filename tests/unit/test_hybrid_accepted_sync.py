@@ -145,7 +145,7 @@ def _wrap_with(fake):
 
 def test_probe_compiles_nothing():
     """The probe runs in every CUDA process that imports the model runner, DFlash or
-    not: it must not compile vLLM's torch.compile'd helper (session 22: it did, a CPU
+    not: it must not compile vLLM's torch.compile'd helper (it once did: a CPU
     Inductor compile per GPU worker start, 17 s for a direct call on the 2-core VM,
     and in grad mode, so the first real step compiled it again)."""
     import torch._dynamo

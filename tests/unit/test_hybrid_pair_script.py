@@ -63,7 +63,7 @@ def test_parse_log_and_prediction(tmp_path):
         hp.parse_log("Using FlashInfer GDN prefill kernel")["gdn_prefill"]
         == "flashinfer"
     )
-    # the session-7 engines ran vLLM's own layout (1 + k GDN state copies)
+    # the 2026-12-01 engines ran vLLM's own layout (1 + k GDN state copies)
     p = hp.predict("dflash_fp8_copies", args, 61.57)
     assert (p["block_size"], p["groups"], p["max_concurrency"]) == (960, 15, 32.8)
     assert hp.predict("dflash_bf16_copies", args, 61.57)["max_concurrency"] == 26.9

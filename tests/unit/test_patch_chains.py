@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Patches that wrap the same vLLM symbol are chained in catalog order, whatever
 order their trigger modules are imported in: the last in the catalog is the
-outermost wrapper. Session 16 found ``dflash_trace`` (applied on import of
+outermost wrapper. An H200 run (2026-12-02) found ``dflash_trace`` (applied on import of
 ``vllm.v1.spec_decode.dflash``) inside ``dflash_context_only_pass`` (applied on
 import of the model runner, which imports that module first), so the trace never
 saw a context-only pass and its token history missed those steps' tokens (the

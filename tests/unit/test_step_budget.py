@@ -59,7 +59,7 @@ def applied():
 @pytest.mark.parametrize(
     "k, seqs, batched, stock, ours",
     [
-        (15, 256, 16384, 12544, 16384),  # the H200 runs of #19 (session 21)
+        (15, 256, 16384, 12544, 16384),  # the H200 runs of #19 (2026-12-03)
         (15, 1024, 32768, 17408, 32768),  # z-lab's recipe on vllm serve's seqs
         (4, 8, 40, 8, 40),  # the CPU e2e tests' chunked budget
         (4, 8, 39, 7, 7),  # 8 x 5 query tokens do not fit 39: vLLM's rule

@@ -48,7 +48,7 @@ def test_newest_tokens_fill_the_history_under_async_scheduling():
     # Asynchronous scheduling: the host table holds -1 for tokens still on the
     # device, so the record must come from the history. Each step's newest
     # (sampled) token is the next step's first context token: the history has it
-    # even where that step's inputs are not seen (session 15's H200 traces missed
+    # even where that step's inputs are not seen (the 2026-12-02 H200 traces missed
     # the context-only passes: tests/unit/test_patch_chains.py) or hold a
     # placeholder there.
     table = np.full((1, 50), -1)

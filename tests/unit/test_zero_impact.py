@@ -61,7 +61,7 @@ def test_frontend_does_not_import_the_model_runner():
     assert out["AUX"] == "deferred"
     assert out["AFTER"] == "applied True"
     # No warning of vLLM's own that plain vLLM does not log either: a patch's
-    # probe runs in every vLLM process and must not make vLLM warn (session 22:
+    # probe runs in every vLLM process and must not make vLLM warn (once
     # a probe's throwaway config logged "max_num_scheduled_tokens is set to 32").
     plain = subprocess.run(
         [sys.executable, "-c", PLAIN],

@@ -7,7 +7,7 @@ Each step ``GPUModelRunner._build_attention_metadata`` builds the metadata of
 every group, and ``GDNAttentionMetadataBuilder.build`` with speculative decoding
 is ~100 small torch calls (masks, sums, cumsums, index selects, copies into the
 CUDA-graph buffers): ~10 ms of host time per step for the 10 groups, profiled on
-an H200, while the GPU waits (session 9, issue #16).
+an H200, while the GPU waits (2026-12-01, issue #16).
 
 The groups' metadata differ only in the block table (which state slot each
 request owns); vLLM already has the mechanism for that: a builder whose class

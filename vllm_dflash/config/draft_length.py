@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_dflash import envs
 from vllm_dflash.config.layer_types import DrafterConfigError
 
 KEY = "draft_length"
@@ -67,11 +66,6 @@ def store(vllm_config: Any, mode: str | None) -> None:
                 "length is chosen by each engine's scheduler and is not kept in step "
                 f"across ranks yet; use {name}=1 or {KEY}='fixed'"
             )
-    if mode == ADAPTIVE:
-        try:  # read by the workers, which would refuse it only after loading weights
-            envs.short_verify_graph_lengths()
-        except ValueError as e:
-            raise DrafterConfigError(str(e)) from None
     extra = vllm_config.additional_config
     if not isinstance(extra, dict):
         raise DrafterConfigError(

@@ -22,7 +22,7 @@ and ``max_num_batched_tokens = 16384`` a step schedules 12,544 tokens instead of
 ``k - 1``), and vLLM warns that the budget "may lead to suboptimal performance".
 With ``vllm serve``'s H200 defaults (8,192 tokens, 1,024 sequences) it refuses
 DFlash ``k = 15`` outright, with a multi-line pydantic error about a budget of
--7,168 (-6,144 without #51256). On the H200 (session 22, dense 8B pair, 64-256
+-7,168 (-6,144 without #51256). On the H200 (2026-12-03, dense 8B pair, 64-256
 requests) the whole budget was neutral in throughput: prefill steps are
 compute-bound, so fewer, bigger ones take the same time.
 

@@ -62,7 +62,6 @@ from vllm_dflash.registry import (
     raise_if_failed,
     replace_attr,
 )
-from vllm_dflash.spec_decode import short_verify_graphs
 
 logger = init_logger(__name__)
 
@@ -306,9 +305,6 @@ def scheduler_apply() -> None:
             policy=DraftLengthPolicy(
                 k,
                 full_graph_tokens=full_graph_tokens(vllm_config),
-                short_graph_tokens=short_verify_graphs.graph_tokens_by_length(
-                    vllm_config, k
-                ),
                 max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
             ),
         )

@@ -35,9 +35,7 @@ cheaper than shorter lengths (H200, one request: 7.1 ms for 15 drafts, 8.1-12.9
 ms for 2-11; ``h200-2026-12-02-s15``), so it keeps its own median and only the
 shorter lengths are fitted, and a bucket whose batches get no full graph does not
 start from a neighbour's k that won by its graph (it starts from that
-neighbour's best shorter length). Shorter lengths that an adaptive engine also
-runs as full graphs (``VLLM_DFLASH_SHORT_VERIFY_GRAPHS``, experimental) keep
-their own medians the same way and may be probed although they add no tokens.
+neighbour's best shorter length).
 Of lengths that score within 1% of the best (with fitted times, a block of
 lengths that cost the same differs only by the acceptance of its last positions),
 the shortest is taken. For the same reason a longer length whose expected tokens
@@ -135,9 +133,6 @@ class _Bucket:
     last_reprobe: int = 0
     # k may run as the target's full CUDA graph here: not fitted with the others
     graph_k: bool = False
-    # indices of shorter candidates that run as full CUDA graphs here too
-    # (VLLM_DFLASH_SHORT_VERIFY_GRAPHS): also kept out of the fit
-    graph: frozenset[int] = frozenset()
 
 
 class DraftLengthPolicy:
@@ -150,7 +145,6 @@ class DraftLengthPolicy:
         reprobe_every: int = 512,
         acceptance_decay: float = 0.995,
         full_graph_tokens: int = 0,
-        short_graph_tokens: dict[int, int] | None = None,
         max_num_reqs: int | None = None,
     ) -> None:
         if k < 1:
@@ -168,12 +162,9 @@ class DraftLengthPolicy:
         # largest batch (tokens) that runs as the target's full CUDA graph when
         # every request verifies k drafts; 0: no full graphs
         self.full_graph_tokens = full_graph_tokens
-        # per shorter draft length with full CUDA graphs: the largest batch
-        # (tokens) that runs as one (spec_decode/short_verify_graphs.py)
-        self.short_graph_tokens = dict(short_graph_tokens or {})
         # the engine's max_num_seqs: a bucket's batches are never larger (so the
         # top bucket runs k as a full graph where max_num_seqs x (1 + k) fits,
-        # e.g. k = 7, 64 requests, 512 tokens; session 20)
+        # e.g. k = 7, 64 requests, 512 tokens)
         self.max_num_reqs = max_num_reqs
         # tried[j] / accepted[j]: requests whose step verified draft j+1 (1-based
         # position j+1), and those of them that accepted it. Prior: one in two.
@@ -228,13 +219,8 @@ class DraftLengthPolicy:
             and cost.samples >= self.probe_samples
             and cost.seconds > 0
         ]
-        # k with a full CUDA graph keeps its own time (module docstring), and so
-        # does a shorter length with one
-        own = [
-            m
-            for m in measured
-            if (bucket.graph_k and m[0] == self._k_index) or m[0] in bucket.graph
-        ]
+        # k with a full CUDA graph keeps its own time (module docstring)
+        own = [m for m in measured if bucket.graph_k and m[0] == self._k_index]
         measured = [m for m in measured if m not in own]
         fitted = monotone_fit(
             [c.seconds for _, c in measured], [len(c.recent) for _, c in measured]
@@ -256,13 +242,7 @@ class DraftLengthPolicy:
             # every batch of the bucket runs k as a full graph (a bucket where
             # only its smallest batches do is fitted as before)
             graph_k = largest * (1 + self.k) <= self.full_graph_tokens
-            graph = frozenset(
-                i
-                for i, d in enumerate(self.candidates)
-                if d in self.short_graph_tokens
-                and largest * (1 + d) <= self.short_graph_tokens[d]
-            )
-            bucket = self.buckets[b] = _Bucket(graph_k=graph_k, graph=graph)
+            bucket = self.buckets[b] = _Bucket(graph_k=graph_k)
         return bucket
 
     def _start_index(self, b: int) -> int:
@@ -299,9 +279,8 @@ class DraftLengthPolicy:
         """Whether a longer candidate ``j`` can beat ``i``: its expected tokens
         (``gains``: :meth:`_expected`) exceed ``i``'s by more than TIE (else,
         costing no less, it scores within TIE of ``i`` at best and the shorter
-        ``i`` is kept), or it runs as a full CUDA graph (k, or a shorter length
-        given one by ``VLLM_DFLASH_SHORT_VERIFY_GRAPHS``)."""
-        if (j == self._k_index and bucket.graph_k) or j in bucket.graph:
+        ``i`` is kept), or it is k and runs as a full CUDA graph."""
+        if j == self._k_index and bucket.graph_k:
             return True
         return gains[self.candidates[j]] > gains[self.candidates[i]] * (1.0 + TIE)
 

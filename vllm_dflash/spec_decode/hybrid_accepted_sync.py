@@ -8,7 +8,7 @@ counts on the host into the new batch order. With asynchronous scheduling (vLLM'
 default for DFlash on CUDA) that wait is the one point where the host blocks on the
 previous step's target forward and rejection sampling; everything the host does
 after it (the attention metadata of every KV-cache group: 15 of them on the
-Qwen3.6-27B-shaped pair) runs while the GPU idles. Profiled on an H200 (session 9,
+Qwen3.6-27B-shaped pair) runs while the GPU idles. Profiled on an H200 (2026-12-01,
 ``benchmarks/results/h200-2026-12-01-s9``): a 6.4 ms wait, then ~14 ms of host
 work before the next forward launches; 15.7 ms of GPU idle per 35 ms step.
 
@@ -82,7 +82,7 @@ def probe() -> bool:
     # here compiled it (CPU Inductor) in every CUDA process that imports the model
     # runner, DFlash or not (a direct call: 17 s on the 2-core VM), and with grad
     # mode on, so the first real step (inference mode) compiled it again
-    # (session 22, H200 call C).
+    # (H200, 2026-12-03).
     update = getattr(
         update_num_computed_tokens_for_batch_change,
         "_torchdynamo_orig_callable",

@@ -27,7 +27,7 @@ Steps that verify ``k`` (every step at concurrency 1), the context-only pass
 so do drafters whose attention backend is not in :data:`SHORT_BLOCK_BACKENDS`:
 on the H200, FLEX_ATTENTION (vLLM's choice for a float32 drafter) hit
 torch.compile's recompile limit (16) with short blocks of several lengths and the
-engine failed (session 15, ``hybrid-swa-graph-fp32-adaptive``); it keeps the full
+engine failed (2026-12-02, ``hybrid-swa-graph-fp32-adaptive``); it keeps the full
 block (logged once).
 Disable this patch (``VLLM_DFLASH_DISABLE=dflash_short_draft_block``) to keep the
 full block and compute only its first ``d`` positions' head
@@ -54,7 +54,7 @@ QUERY_BLOCK_ATTR = "_vllm_dflash_query_block"
 # On the drafter: whether its attention backends take short blocks (decided once).
 _CAPABLE_ATTR = "_vllm_dflash_short_block_capable"
 # Drafter attention backends that run blocks of any length without recompiling
-# (FLASH_ATTN: H200, session 15; CPU_ATTN: tests/e2e/test_draft_length.py).
+# (FLASH_ATTN: H200, 2026-12-02; CPU_ATTN: tests/e2e/test_draft_length.py).
 SHORT_BLOCK_BACKENDS = ("FLASH_ATTN", "CPU_ATTN")
 
 
