@@ -2,7 +2,7 @@
 """Acceptance length and output tokens/s of the trained tiny DFlash drafters on
 vLLM's CPU backend, DFlash vs no speculation, through ``vllm serve``.
 
-    python benchmarks/cpu_acceptance.py --out benchmarks/results/cpu-acceptance
+    python benchmarks/cpu_acceptance.py --out /tmp/cpu-acceptance
 
 Writes OUT/acceptance.json (and OUT/acceptance.png when matplotlib is
 installed). Configurations: no speculation; dense drafter; dense with the

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """PNG plots of the JSON results kept under benchmarks/results/ (needs matplotlib).
 
-    python benchmarks/plot_results.py benchmarks/results/h200x2-2026-11-29
+    python benchmarks/plot_results.py benchmarks/results/h200x2-2026-11-30-122acc0
 
 Writes next to the inputs: perf.png (tokens/s vs concurrency, every run as a
 point, mean as a line), swa_context.png (draft milliseconds per step vs context

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Generated README blocks (kept in sync by tests/unit/test_docs.py).
+"""Generated doc tables (kept in sync by tests/unit/test_docs.py).
 
     python -m vllm_dflash.docs              # print both blocks
-    python -m vllm_dflash.docs --write      # rewrite them in README.md
+    python -m vllm_dflash.docs --write      # rewrite them in docs/
 
-* patch table: from the patch registry (vllm_dflash/catalog.py);
+* patch table (docs/patches.md): from the patch registry (vllm_dflash/catalog.py);
 * version matrix (docs/compatibility.md): expected patch state per vLLM
   version, from ci/matrix.toml (source checkout only).
 """

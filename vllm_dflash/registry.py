@@ -4,7 +4,7 @@
 Each patch is data (:class:`Patch`): what vLLM symbol it changes, why, the
 upstream PR, the vLLM versions it applies to, a probe that tells whether the
 running vLLM still needs it, how to apply it, and the future plan. The same
-records feed ``register()``, ``vllm-dflash doctor`` and the README table.
+records feed ``register()``, ``vllm-dflash doctor`` and the patch table in docs/patches.md.
 Each record lives beside the code it describes; ``vllm_dflash.catalog`` orders
 them. This module knows no particular patch.
 """

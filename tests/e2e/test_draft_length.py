@@ -17,7 +17,7 @@ drafter over a block of 1 + d positions (dflash_short_draft_block; its drafts ar
 the reference's for a block of d); a third engine, the dense pair with that patch
 disabled, covers the full block with the partial draft head. The policy that chooses the lengths on its own is
 tested in tests/unit/test_draft_length.py; its speed on the H200 in
-benchmarks/results/.
+docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """dflash_flex_full_cudagraph: with DFlash, vLLM resolves PIECEWISE graphs for
 verification batches on FLEX_ATTENTION (the FULL-graph replay crashes on the H200:
-benchmarks/results/h200-2026-12-01-sampling/; the GPU check runs it with the patch
+H200, 2026-12-01, 1e82751; the GPU check runs it with the patch
 on and off). Runs on CPU: vLLM's own cudagraph-mode resolution, no GPU."""
 
 from types import SimpleNamespace

@@ -27,12 +27,12 @@ the last few samples, so a slow outlier (a kernel compiled on first use) does
 not decide the length, and they are fitted non-decreasing in ``d`` (a step that
 verifies more tokens cannot be cheaper; weighted pool-adjacent-violators): on
 the H200 a few noisy medians made 15 drafts look cheaper than 8 at 64 requests
-and the policy wandered between 4, 6 and 15 (``benchmarks/results/h200-2026-12-02-s14``).
+and the policy wandered between 4, 6 and 15 (H200, 2026-12-02, 2988acc).
 The one exception is ``k`` in a bucket whose batches all run as the target's full
 CUDA graph (vLLM captures full graphs only for uniform batches of ``1 + k``
 tokens per request, up to ``full_graph_tokens`` tokens): there ``k`` is really
 cheaper than shorter lengths (H200, one request: 7.1 ms for 15 drafts, 8.1-12.9
-ms for 2-11; ``h200-2026-12-02-s15``), so it keeps its own median and only the
+ms for 2-11; H200, 2026-12-02, 494805a), so it keeps its own median and only the
 shorter lengths are fitted, and a bucket whose batches get no full graph does not
 start from a neighbour's k that won by its graph (it starts from that
 neighbour's best shorter length).
@@ -44,12 +44,12 @@ it cannot win; k with a full CUDA graph excepted), and a new bucket starts at th
 acceptance knee below the neighbour's length: the shortest length whose expected
 tokens are within 1% of it (H200, acceptance 3.5, 64 requests: the first batch
 probed 8, 11 and 15 drafts, whose positions 4-15 are never accepted, at 29-31 ms a
-step where 3 drafts took 10 ms; ``h200-2026-12-02-s17``). A walk stops at a
+step where 3 drafts took 10 ms; ``benchmarks/results/h200-2026-12-02-5ec9de5``). A walk stops at a
 clearly worse length, except at 1 draft (both ways) wherever k gets no full CUDA
 graph: a step with 0 drafts skips the drafter's query pass, so its time is not on
 the line of the longer lengths (H200, 27B hybrid pair, 256 requests, acceptance
 3.5: the walk down stopped at 1, never measured 0, and 2 drafts ran at 0.96x no
-speculation; ``h200-2026-12-03-s18``).
+speculation; H200, 2026-12-03, 31db657).
 
 The scheduler asks :meth:`choose` once per step and reports each finished step
 with :meth:`observe_step` and :meth:`observe_acceptance`; nothing here touches

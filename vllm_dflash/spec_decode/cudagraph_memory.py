@@ -8,7 +8,7 @@ mode (PIECEWISE, FULL) and charges ``first + second x (n - 1)``. Whatever the
 second capture pays once (a first eager run of a new size, a lazily allocated
 buffer) is multiplied by the number of graphs, and the estimate is taken out of
 the KV cache. Measured on an H200 with the Qwen3.6-27B-shaped DFlash pair
-(``benchmarks/results/h200-2026-12-02-s11``): 6.60 GiB estimated, 0.88 GiB used
+(H200, 2026-12-02, c8a7a58): 6.60 GiB estimated, 0.88 GiB used
 by the real capture, so the engine got 5.7 GiB less KV cache than its graphs need
 (no speculation: 0.14 estimated, 0.12 used). The same linear extrapolation is
 reported upstream for other models (vllm-project/vllm#45178, #53013).

@@ -2,7 +2,7 @@
 """No FULL CUDA graphs for DFlash verification batches on FLEX_ATTENTION (CUDA).
 
 Measured on the H200 (vLLM 0.20.1, float32, where vLLM picks FLEX_ATTENTION;
-benchmarks/results/h200-2026-12-01-sampling/): DFlash with CUDA graphs dies with
+H200, 2026-12-01, 1e82751): DFlash with CUDA graphs dies with
 ``CUDA error: an illegal memory access`` inside the replay of the target's FULL
 decode graph (``CUDA_LAUNCH_BLOCKING=1``: ``gpu_model_runner._model_forward`` ->
 ``cuda_graph.py`` replay) at the first verification batches, greedy and sampled

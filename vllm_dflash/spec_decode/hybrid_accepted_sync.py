@@ -9,7 +9,7 @@ default for DFlash on CUDA) that wait is the one point where the host blocks on 
 previous step's target forward and rejection sampling; everything the host does
 after it (the attention metadata of every KV-cache group: 15 of them on the
 Qwen3.6-27B-shaped pair) runs while the GPU idles. Profiled on an H200 (2026-12-01,
-``benchmarks/results/h200-2026-12-01-s9``): a 6.4 ms wait, then ~14 ms of host
+H200, 2026-12-01, eaffc5e): a 6.4 ms wait, then ~14 ms of host
 work before the next forward launches; 15.7 ms of GPU idle per 35 ms step.
 
 The host values are not needed there. In asynchronous speculative decoding the

@@ -2,7 +2,7 @@
 """DFlash's spec-decode kernels compiled at start-up, not while serving.
 
 On vLLM 0.20.x a DFlash engine compiles kernels during its first requests: on an
-H200 (2026-12-03, ``benchmarks/results/h200-2026-12-03-s22``, call C) 34 Triton
+H200 (2026-12-03, feba7cb, call C) 34 Triton
 compilations after the first request, inside steps of 117-3,216 ms, and a
 first batch at 64 requests 22% slower than no speculation. Triton compiles one
 variant per set of ``constexpr`` values and, for each integer argument, per class

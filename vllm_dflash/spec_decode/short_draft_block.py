@@ -9,7 +9,7 @@ many drafts the next step verifies at most (``d``,
 drafter's forward over the full block then costs ``batch * (1 + k)`` tokens
 through every drafter layer, of which the step reads ``d`` per request: on the
 H200 (Qwen3-8B-shaped pair, k = 15) that pass over 64 x 16 positions is a large
-part of a 3-draft step (``benchmarks/results/h200-2026-12-02-s15``).
+part of a 3-draft step (H200, 2026-12-02, 494805a).
 
 This patch runs the query pass of such a step as vLLM's DFlash does for
 ``num_speculative_tokens = d``: a block of ``1 + d`` positions (bonus token and

@@ -219,7 +219,7 @@ def _verify_kernel(
 # One warp per program, as vLLM's packed decode kernel: on the H200 with the 27B
 # shapes at 256 requests (48 layers) the verify of 1 token took 6.6 ms against 9.5
 # with 4 warps, of 4 tokens 16.1 against 25.2; the commit 10.2 against 10.8
-# (benchmarks/results/h200-2026-12-03-s24/).
+# (benchmarks/results/h200-2026-12-03-708200d).
 COMMIT_LAUNCH = (1, 2)
 VERIFY_LAUNCH = (1, 3)
 
