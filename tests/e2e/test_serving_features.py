@@ -1,0 +1,407 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serving features through the OpenAI server with DFlash, each compared with
+the same server without speculation (issue #44): streaming, logprobs, stop
+strings / stop token ids / max_tokens / min_tokens / ignore_eos / n, and bad
+requests. The trained tiny dense pair (``fixtures/trained/``, k = 7) drafts
+tokens the target accepts, so the features meet accepted draft blocks."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import pytest
+
+from tests.e2e.test_server import _unexpected_tracebacks
+from vllm_dflash.testing.server import VllmServer, speculative_config_arg
+from vllm_dflash.testing.trained import ensure_trained_models
+from vllm_dflash.training.data import synthetic_prompts
+
+pytestmark = pytest.mark.cpu_e2e
+
+K = 7
+MAX_LEN = 512
+COMMON = [
+    "--dtype", "float32", "--max-model-len", str(MAX_LEN), "--enforce-eager",
+    "--max-num-seqs", "8",
+]  # fmt: skip
+GEN = 40  # tokens per request: several draft blocks
+
+
+def _prompts() -> list[list[int]]:
+    # Token-id prompts like the trained drafters' held-out ones (vocab 4..511).
+    return synthetic_prompts(4, (10, 30), (4, 512), seed=4242)
+
+
+class Api:
+    def __init__(self, srv: VllmServer) -> None:
+        self.srv = srv
+        self.model = srv.model
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(
+            self.srv.base_url + path,
+            data=json.dumps({"model": self.model, **body}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def ok(self, path: str, body: dict) -> dict:
+        status, out = self.post(path, body)
+        assert status == 200, (status, out)
+        return out
+
+    def stream(self, path: str, body: dict) -> list[dict]:
+        req = urllib.request.Request(
+            self.srv.base_url + path,
+            data=json.dumps({"model": self.model, "stream": True, **body}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        chunks = []
+        with urllib.request.urlopen(req, timeout=300) as r:
+            assert r.status == 200
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    break
+                chunks.append(json.loads(data))
+        return chunks
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    trained = ensure_trained_models(tmp_path_factory.mktemp("trained"))
+    logs = tmp_path_factory.mktemp("serve-logs")
+    model = str(trained.target)
+    spec = VllmServer(
+        model,
+        COMMON + speculative_config_arg(str(trained.dense), K),
+        log_path=logs / "dflash.log",
+    )
+    base = VllmServer(model, COMMON, log_path=logs / "base.log")
+    with ExitStack() as stack, ThreadPoolExecutor(2) as pool:
+        # Start both at once (each waits on its own model load).
+        futs = [pool.submit(s.__enter__) for s in (spec, base)]
+        for s in (spec, base):
+            stack.callback(s.stop)
+        for f in futs:
+            f.result()
+        yield Api(spec), Api(base)
+    for s in (spec, base):
+        log = s.log_path.read_text(errors="replace")
+        assert s.proc.returncode == 0, log[-3000:]
+        # Each block whole (the shared check keeps only its first 3000 chars).
+        blocks = log.split("Traceback (most recent call last):")[1:]
+        bad = [b for b in blocks if not _rejection(b) and _unexpected_tracebacks(
+            "Traceback (most recent call last):" + b)]  # fmt: skip
+        assert not bad, bad[0][-3000:]
+
+
+def _rejection(traceback: str) -> bool:
+    """The API server logs a traceback for each request it refuses (400): the
+    tests' bad requests, on both servers alike."""
+    return any(
+        m in traceback
+        for m in ("n must be 1 when using greedy sampling", "VLLMValidationError")
+    )
+
+
+def _both(servers, method: str, *args):
+    """``Api.<method>(*args)`` on both servers at once: (DFlash, no-spec)."""
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda api: getattr(api, method)(*args), servers)
+    return a, b
+
+
+def _choice(out: dict) -> dict:
+    return out["choices"][0]
+
+
+# ---------------------------------------------------------------- streaming
+
+
+def _joined(chunks: list[dict], chat: bool = False) -> tuple[str, str | None]:
+    text, finish = "", None
+    for c in chunks:
+        for ch in c.get("choices", []):
+            if chat:
+                text += ch.get("delta", {}).get("content") or ""
+            else:
+                text += ch.get("text") or ""
+            finish = ch.get("finish_reason") or finish
+    return text, finish
+
+
+def _usage(chunks: list[dict]) -> dict:
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage, chunks[-3:]
+    return usage[-1]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_streaming_equals_non_streamed_and_no_spec(servers, chat):
+    for p in _prompts():
+        if chat:
+            path = "/v1/chat/completions"
+            body = {
+                "messages": [
+                    {"role": "user", "content": " ".join(f"<t{t}>" for t in p)}
+                ],
+                "max_tokens": GEN,
+                "temperature": 0,
+            }
+        else:
+            path, body = (
+                "/v1/completions",
+                {"prompt": p, "max_tokens": GEN, "temperature": 0},
+            )
+        full = dict(body, stream_options={"include_usage": True})
+        (s_chunks, b_chunks) = _both(servers, "stream", path, full)
+        s_text, s_fin = _joined(s_chunks, chat)
+        b_text, b_fin = _joined(b_chunks, chat)
+        s_one, b_one = _both(servers, "ok", path, body)
+        if chat:
+            s_plain = _choice(s_one)["message"]["content"]
+            b_plain = _choice(b_one)["message"]["content"]
+        else:
+            s_plain, b_plain = _choice(s_one)["text"], _choice(b_one)["text"]
+        assert b_text == b_plain
+        assert s_text == s_plain == b_text, (p, s_text, b_text)
+        assert s_fin == b_fin == _choice(b_one)["finish_reason"]
+        su, bu = _usage(s_chunks), _usage(b_chunks)
+        assert su["completion_tokens"] == bu["completion_tokens"], (su, bu)
+        assert su["prompt_tokens"] == bu["prompt_tokens"]
+        assert s_one["usage"]["completion_tokens"] == bu["completion_tokens"]
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+def _compare_logprobs(s: dict, b: dict) -> None:
+    """s, b: completions ``logprobs`` objects (tokens, token_logprobs, top_logprobs)."""
+    assert s["tokens"] == b["tokens"]
+    assert len(s["token_logprobs"]) == len(b["token_logprobs"]) > 0
+    for i, (x, y) in enumerate(
+        zip(s["token_logprobs"], b["token_logprobs"], strict=True)
+    ):
+        assert x == pytest.approx(y, abs=1e-3), (i, x, y)
+    for i, (ts, tb) in enumerate(
+        zip(s["top_logprobs"], b["top_logprobs"], strict=True)
+    ):
+        assert len(ts) == len(tb) >= 3, (i, ts, tb)
+        ordered = sorted(tb.values(), reverse=True)
+        # A near-tie at the edge of the top 3 may swap the third token.
+        if len(ordered) > 3 and ordered[2] - ordered[3] < 2e-3:
+            continue
+        assert set(ts) == set(tb), (i, ts, tb)
+        for tok, lp in tb.items():
+            if tok in ts:
+                assert ts[tok] == pytest.approx(lp, abs=1e-3), (i, tok)
+
+
+def _stream_logprobs(chunks: list[dict]) -> dict:
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+    for c in chunks:
+        for ch in c.get("choices", []):
+            lp = ch.get("logprobs")
+            if lp:
+                for key in out:
+                    out[key] += lp[key]
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_logprobs_equal_no_spec(servers, stream):
+    for p in _prompts():
+        body = {"prompt": p, "max_tokens": GEN, "temperature": 0, "logprobs": 3}
+        if stream:
+            s, b = _both(servers, "stream", "/v1/completions", body)
+            s_lp, b_lp = _stream_logprobs(s), _stream_logprobs(b)
+            assert _joined(s)[0] == _joined(b)[0]
+        else:
+            s, b = _both(servers, "ok", "/v1/completions", body)
+            s_lp, b_lp = _choice(s)["logprobs"], _choice(b)["logprobs"]
+            assert _choice(s)["text"] == _choice(b)["text"]
+        assert len(b_lp["tokens"]) == GEN or _choice_finish_stop(b, stream)
+        _compare_logprobs(s_lp, b_lp)
+
+
+def _choice_finish_stop(out, stream: bool) -> bool:
+    finish = _joined(out)[1] if stream else _choice(out)["finish_reason"]
+    return finish == "stop"
+
+
+# ---------------------------------------------------------------- stop & lengths
+
+
+def _base_tokens(api: Api, p: list[int], **extra) -> dict:
+    body = {"prompt": p, "max_tokens": GEN, "temperature": 0, "logprobs": 0}
+    return _choice(api.ok("/v1/completions", {**body, **extra}))
+
+
+def _same(servers, body: dict, usage: bool = True) -> tuple[dict, dict]:
+    s, b = _both(servers, "ok", "/v1/completions", body)
+    sc, bc = _choice(s), _choice(b)
+    assert sc["text"] == bc["text"], (body, sc["text"], bc["text"])
+    assert sc["finish_reason"] == bc["finish_reason"], (body, sc, bc)
+    assert sc.get("stop_reason") == bc.get("stop_reason"), (body, sc, bc)
+    if usage:
+        assert s["usage"] == b["usage"], (body, s["usage"], b["usage"])
+    return s, b
+
+
+def _stop_cases(base: Api):
+    """(prompt, token ids, token texts, pos, first): a stop at position ``pos``
+    of the no-spec output, mid-generation (past the first draft blocks);
+    ``first``: its first occurrence, where generation stops."""
+    for p in _prompts():
+        ref = _base_tokens(base, p, ignore_eos=True, return_token_ids=True)
+        ids, toks = ref["token_ids"], ref["logprobs"]["tokens"]
+        for pos in (9, 13, 18):
+            first = ids.index(ids[pos])
+            if first >= 3 and toks[first].strip():
+                yield p, ids, toks, pos, first
+
+
+def _stop_body(p: list[int], **stop) -> dict:
+    return {
+        "prompt": p,
+        "max_tokens": GEN,
+        "temperature": 0,
+        "ignore_eos": True,
+        **stop,
+    }
+
+
+def test_stop_token_ids_inside_a_draft_block(servers):
+    cases = list(_stop_cases(servers[1]))
+    assert len(cases) >= 4
+    for p, ids, _, pos, first in cases:
+        # Generation ends right after the stop token (not in the text).
+        s, b = _same(servers, _stop_body(p, stop_token_ids=[ids[pos]]))
+        assert _choice(b)["finish_reason"] == "stop"
+        assert _choice(b)["stop_reason"] == ids[pos]
+        assert b["usage"]["completion_tokens"] == first + 1
+
+
+def test_stop_string_inside_a_draft_block(servers):
+    cases = list(_stop_cases(servers[1]))
+    assert len(cases) >= 4
+    for p, _, toks, pos, _ in cases:
+        stop = toks[pos].strip()
+        s, b = _same(servers, _stop_body(p, stop=[stop]), usage=False)
+        assert _choice(b)["finish_reason"] == "stop"
+        assert _choice(b)["stop_reason"] == stop
+        assert stop not in _choice(b)["text"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.20.1's detokenizer (v1/engine/detokenizer.py update()) checks "
+    "stop strings once per engine step and truncates only the text: the tokens "
+    "of an accepted draft block after the stop string stay counted in "
+    "usage.completion_tokens (e.g. 11 with DFlash vs 10 without speculation); "
+    "any speculative method, not DFlash's drafts",
+)
+def test_stop_string_usage_equals_no_spec(servers):
+    for p, _, toks, pos, _ in _stop_cases(servers[1]):
+        s, b = _same(servers, _stop_body(p, stop=[toks[pos].strip()]), usage=False)
+        assert s["usage"] == b["usage"], (p, toks[pos], s["usage"], b["usage"])
+
+
+@pytest.mark.parametrize("max_tokens", range(1, K + 2))
+def test_max_tokens_within_a_block(servers, max_tokens):
+    for p in _prompts()[:2]:
+        body = {
+            "prompt": p,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        s, b = _same(servers, body)
+        assert s["usage"]["completion_tokens"] == max_tokens
+        assert _choice(s)["finish_reason"] == "length"
+
+
+def test_min_tokens_ignore_eos_and_n(servers):
+    for p in _prompts():
+        for extra in ({"ignore_eos": True}, {"min_tokens": 20}, {"min_tokens": GEN}):
+            body = {"prompt": p, "max_tokens": GEN, "temperature": 0, **extra}
+            s, b = _same(servers, body)
+            if extra.get("ignore_eos"):
+                assert s["usage"]["completion_tokens"] == GEN
+            if "min_tokens" in extra:
+                assert s["usage"]["completion_tokens"] >= extra["min_tokens"]
+        if p != _prompts()[0]:
+            continue
+        # n=2 at temperature 0: vLLM refuses it (400); both servers alike.
+        body = {"prompt": p, "max_tokens": GEN, "temperature": 0, "n": 2}
+        (ss, so), (bs, bo) = _both(servers, "post", "/v1/completions", body)
+        assert ss == bs == 400 and so == bo, (so, bo)
+        # n=2, greedy through top_k=1 (temperature > 0 passes the check): both
+        # choices equal the no-spec greedy output.
+        single = _choice(servers[1].ok("/v1/completions", _greedy(p)))
+        body = {**_greedy(p), "n": 2, "temperature": 1.0, "top_k": 1}
+        s, b = _both(servers, "ok", "/v1/completions", body)
+        for out in (s, b):
+            assert len(out["choices"]) == 2
+            for c in out["choices"]:
+                assert c["text"] == single["text"], (p, c, single)
+                assert c["finish_reason"] == single["finish_reason"]
+        assert s["usage"] == b["usage"]
+
+
+def _greedy(p: list[int]) -> dict:
+    return {"prompt": p, "max_tokens": GEN, "temperature": 0}
+
+
+# ---------------------------------------------------------------- bad requests
+
+
+def test_bad_requests_rejected_like_no_spec(servers):
+    p = _prompts()[0]
+    long_prompt = (p * (MAX_LEN // len(p) + 2))[: MAX_LEN + 10]
+    cases = [
+        {"prompt": long_prompt, "max_tokens": 4, "temperature": 0},
+        {"prompt": p, "max_tokens": MAX_LEN + 100, "temperature": 0},
+        {"prompt": p, "max_tokens": MAX_LEN - len(p) + 1, "temperature": 0},
+    ]
+    for body in cases:
+        (ss, so), (bs, bo) = _both(servers, "post", "/v1/completions", body)
+        assert ss == bs == 400, (body["max_tokens"], ss, so, bs, bo)
+        assert so == bo  # the same error, message included
+        msg = so["error"]["message"]
+        assert "max_model_len" in msg or "maximum context length" in msg, so
+    # The servers still serve, identically.
+    _same(
+        servers, {"prompt": p, "max_tokens": GEN, "temperature": 0, "ignore_eos": True}
+    )
+    # A request up to the context's end still works (and matches).
+    _same(servers, {"prompt": p, "max_tokens": MAX_LEN - len(p), "temperature": 0,
+                    "ignore_eos": True})  # fmt: skip
+
+
+# ---------------------------------------------------------------- acceptance
+
+
+def test_zz_drafts_were_accepted(servers):
+    """Last (by name and order): the requests above met accepted draft blocks."""
+    spec, _ = servers
+    m = spec.srv.metrics()
+    drafted = m.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = m.get("vllm:spec_decode_num_accepted_tokens", 0)
+    print(f"\nDFlash accepted/drafted: {accepted:.0f}/{drafted:.0f}, metrics {m}")
+    assert drafted > 0 and accepted > 0, m
+    # ~0.18 here: the 490-token request runs far past the drafter's training
+    # lengths (88 new tokens); the short requests accept much more.
+    assert accepted / drafted > 0.1, m
