@@ -685,3 +685,12 @@ def test_short_draft_block_runs_vllms_block_of_d(isolated, monkeypatch):
     setattr(flex, context_only_pass.NEXT_DRAFTS_ATTR, 2)
     DFlashProposer.propose(flex, common_attn_metadata=None)
     assert blocks[-1] == k and short_draft_block.query_block(flex) == k
+
+
+def test_the_top_bucket_is_capped_at_max_num_seqs():
+    """Bucket 7 holds batches of 64-127 requests; with max_num_seqs 64 its largest
+    batch is 64, so k = 7 runs as a full graph there (64 x 8 = 512 tokens)."""
+    capped = DraftLengthPolicy(7, full_graph_tokens=512, max_num_reqs=64)
+    uncapped = DraftLengthPolicy(7, full_graph_tokens=512)
+    assert capped._bucket(7).graph_k
+    assert not uncapped._bucket(7).graph_k  # 127 x 8 > 512
