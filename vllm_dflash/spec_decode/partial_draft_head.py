@@ -7,7 +7,7 @@ LM head and an argmax over every position: ``batch * k`` rows of a
 and a ``[batch * k, vocab]`` logits tensor. With ``"draft_length": "adaptive"``
 the scheduler has already said how many drafts the next step verifies at most
 (``d``, see ``spec_decode/context_only_pass.py``); at large batches it says 2-4
-of 15 (H200, 8B pair, 64-256 requests: H200, 2026-12-01, e0d2e48).
+of 15 (H200, 2026-12-01, e0d2e48: 8B pair, 64-256 requests).
 This patch then runs the head over the first ``d`` positions of each request
 only, and returns the usual ``[batch * k]`` ids with zeros after them: the
 scheduler caps the next step at ``d``, so no step verifies those.
