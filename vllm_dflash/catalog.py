@@ -12,6 +12,7 @@ from vllm_dflash.config import hybrid_prefix_caching, quantized_drafter, step_bu
 from vllm_dflash.core import (
     adaptive_draft_length,
     draft_slot_budget,
+    hybrid_cache_hit,
     lookahead_slots,
     step_log,
 )
@@ -73,6 +74,8 @@ PATCHES: tuple[Patch, ...] = (
     weights.PATCH,  # after cpu_gdn_conv1d_weight: wraps the same CPU dispatch
     mrope_positions.PATCH,
     drafter_mm_gather.PATCH,
+    hybrid_cache_hit.PATCH,
+    hybrid_cache_hit.TRUNCATE_PATCH,
     hybrid_prefix_caching.PATCH,
     adaptive_draft_length.PATCH,
     gdn_zero_drafts.PATCH,

@@ -12,7 +12,8 @@
 # profiler trace of MODEs (base plugin adaptive; TRACE_SCHEDULE: forced draft lengths of adaptive) at TRACE_CONC, TRACE_PAIR=dense|hybrid, per-step GPU busy/idle/phase summary), hybrid
 # (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
-# (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS).
+# (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS), prefix
+# (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32).
 # flashinfer
 # (flashinfer_selftest.py: the carried FlashInfer GDN prefill module vs a float64 reference).
 # GDN_PREFILL=auto|flashinfer|triton: the GDN prefill kernel of hybrid (Qwen3.5/3.6)
@@ -177,6 +178,12 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
         --fixtures /root/fixtures-serve ${arg:+--dtype $arg} ${SERVE_ARGS:-} > "$W/serve${arg:+-$arg}.log" 2>&1
       say "serve ${arg} rc=$?"; grep '^\[serve_check\]' "$W/serve${arg:+-$arg}.log" | cut -c1-600
       cp "$W/serve${arg:+-$arg}/serve_check.json" "$OUT/serve_check${arg:+-$arg}.json" 2>/dev/null ;;
+    prefix)  # prefix_caching_check.py: DFlash + prefix caching, tiny hybrid pair, fp32
+      timeout "${PREFIX_TIMEOUT:-500}" python3 benchmarks/gpu/prefix_caching_check.py "$W/prefix" \
+        > "$W/prefix.log" 2>&1
+      say "prefix rc=$?"; grep '^\[prefix_caching_check\]' "$W/prefix.log" | cut -c1-1500
+      (cd "$W/prefix" && tar -cJf "$OUT/prefix-runs.tar.xz" summary.json ./*.jsonl \
+        no_spec.json dflash.json preempted.json stock.json conversations.json) 2>/dev/null ;;
     flashinfer)  # the carried FlashInfer GDN prefill module vs a float64 reference
       timeout 300 python3 benchmarks/gpu/flashinfer_selftest.py --json "$W/flashinfer_selftest.json" \
         > "$W/flashinfer_selftest.log" 2>&1

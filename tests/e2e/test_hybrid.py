@@ -2,10 +2,9 @@
 """Qwen3.5/3.6-shaped hybrid target (GDN + gated attention, M-RoPE, vision tower)
 on vLLM's CPU backend, with and without DFlash.
 
-Six engine runs in all (memoised and shared by the tests): no speculation,
-DFlash with prefix caching off, DFlash with prefix caching on (vLLM's hybrid
-'align' mode: refused at start-up, see vllm_dflash/align_budget.py), and DFlash
-with each backport disabled, and DFlash with a random drafter whose KV heads differ
+Five engine runs in all (memoised and shared by the tests): no speculation,
+DFlash (prefix caching off; with it on: tests/e2e/test_hybrid_prefix_caching.py),
+DFlash with each backport disabled, and DFlash with a random drafter whose KV heads differ
 from the target's (dflash_drafter_kv_shared_group). Every run is a batch of 8 prompts (5..40 tokens)
 with chunked prefill (32-token budget). Drafts are replayed on the float64
 reference, whose context features come from transformers' model.
@@ -48,9 +47,6 @@ pytestmark = pytest.mark.cpu_e2e
 # the whole budget (dflash_full_step_budget); the 8 prompts (180 tokens, up to 40
 # each) are prefilled in chunks over several steps, beside decodes.
 CHUNKED = 40
-# The prefix-caching refusal's run (DFlash + 'align' mode is refused whatever the
-# budget; 48 also passes the budget check of hybrid_prefix_caching.py).
-CHUNKED_ALIGN = 48
 TEXT_ONLY = ("--mm-limit", "0")
 K = 4  # draft tokens per step (OfflineRunner's default)
 # Accepted drafts mean fewer drafting steps than tokens (8 x 32 tokens here).
@@ -187,23 +183,6 @@ def test_hybrid_drafts_accepted(runner, baseline):
     steps = step_acceptance(run.data, run.trace, truth=baseline.data["outputs"])
     assert steps.count(2) >= MIN_MULTI_ACCEPT_STEPS, steps.count(2)
     _check_verify(run, baseline)
-
-
-def test_hybrid_prefix_caching_refused(runner):
-    """DFlash + prefix caching on a hybrid target is refused at start-up (one line
-    naming what works): with the refusal disabled, prompts run a second time
-    (prefix-cache hits, mamba 'align' mode) change the target's greedy output
-    (measured: 3 of 8; docs/hybrid.md)."""
-    run = runner.run(
-        "drafter",
-        prefix_caching=True,
-        max_num_batched_tokens=CHUNKED_ALIGN,
-        extra_args=(*TEXT_ONLY, "--repeat"),
-    )
-    assert not run.ok
-    assert "Mamba cache mode is set to 'align'" in run.log
-    assert "DFlash with prefix caching on a hybrid" in run.log
-    assert "--no-enable-prefix-caching" in run.log
 
 
 def test_baseline_matches_transformers(baseline, ref):

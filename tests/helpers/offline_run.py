@@ -33,6 +33,21 @@ def shared_prefix_prompts(
     return out
 
 
+def next_turn(prompt, output: list[int], i: int, turn: int):
+    """The conversation's next prompt: the last prompt, the engine's answer and
+    3..16 new user tokens (lengths vary, so turns start at and off block
+    boundaries)."""
+    user = [
+        4 + (i * 7 + turn * 13 + j * 5) % 500 for j in range(3 + (i * 5 + turn) % 14)
+    ]
+    if isinstance(prompt, dict):
+        return {
+            **prompt,
+            "prompt_token_ids": prompt["prompt_token_ids"] + output + user,
+        }
+    return prompt + output + user
+
+
 def _request(prompt) -> dict:
     if not isinstance(prompt, dict):
         return {"prompt_token_ids": prompt}
@@ -82,6 +97,20 @@ def main() -> None:
         "second pass is appended to prompts/outputs/request_ids",
     )
     ap.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="num_gpu_blocks_override: a small KV cache, so requests are preempted",
+    )
+    ap.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="multi-turn chat: each later turn re-sends every conversation (prompt "
+        "+ the last output + new user tokens; see next_turn): prefix-cache hits at "
+        "and off block boundaries, into the tokens the engine generated",
+    )
+    ap.add_argument(
         "--draft-length",
         choices=("fixed", "adaptive"),
         default=None,
@@ -107,6 +136,8 @@ def main() -> None:
         kwargs["tensor_parallel_size"] = args.tp
     if args.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.num_blocks:
+        kwargs["num_gpu_blocks_override"] = args.num_blocks
     if args.mm_limit is not None:
         kwargs["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
     llm = LLM(
@@ -138,15 +169,26 @@ def main() -> None:
         batches = batches + batches
     outs, images, batch_of = [], [], []
     for b, batch in enumerate(batches):
-        requests = [_request(p) for p in batch]
-        outs += llm.generate(requests, params)
-        images += [list(p["images"]) if isinstance(p, dict) else [] for p in batch]
-        batch_of += [b] * len(batch)
+        for turn in range(args.turns):
+            requests = [_request(p) for p in batch]
+            done = llm.generate(requests, params)
+            outs += done
+            images += [list(p["images"]) if isinstance(p, dict) else [] for p in batch]
+            batch_of += [b] * len(batch)
+            batch = [
+                next_turn(p, list(o.outputs[0].token_ids), i, turn)
+                for i, (p, o) in enumerate(zip(batch, done, strict=True))
+            ]
     counters, cache = {}, {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
             counters[m.name] = m.value
-        elif m.name.startswith("vllm:prefix_cache") and hasattr(m, "value"):
+        elif (
+            m.name.startswith("vllm:prefix_cache")
+            and hasattr(m, "value")
+            or m.name == "vllm:num_preemptions"
+            and hasattr(m, "value")
+        ):
             cache[m.name] = m.value
     result = {
         # as the engine saw them: an image placeholder expanded to its tokens

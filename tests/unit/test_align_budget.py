@@ -35,12 +35,3 @@ def test_refuses_budget_below_block():
         align_budget.check(_sched(8))
     align_budget.check(_sched(16))  # enough
     align_budget.check(_sched(8, align=False))  # no align mode: no constraint
-
-
-def test_refuses_dflash_with_hybrid_prefix_caching():
-    with pytest.raises(
-        align_budget.AlignBudgetError, match="--no-enable-prefix-caching"
-    ):
-        align_budget.check(_sched(64, method="dflash"))
-    align_budget.check(_sched(64, method="eagle3"))
-    align_budget.check(_sched(64, align=False, method="dflash"))

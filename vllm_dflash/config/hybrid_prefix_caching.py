@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Refuse hybrid-model prefix-caching setups that stall or corrupt requests.
 
-DFlash + prefix caching on a hybrid target (mamba cache mode 'align'): after a
-prefix-cache hit the target's greedy output changes (reproduced on CPU with the
-tiny Qwen3.5 hybrid: the prompts of 20, 25 and 30 tokens, run a second time,
-diverge from their first token; without DFlash the second pass is identical).
-Refused at start-up with one line naming what works.
+DFlash + prefix caching on a hybrid target (mamba cache mode 'align'): vLLM
+0.20.x's prefix-cache hit can claim a block the full-attention layers do not
+hold, and the target's output changes after the hit
+(``vllm_dflash.core.hybrid_cache_hit``, whose two backports fix it). At start-up
+the check runs that module's KV-cache manager simulation through the code in
+force; where hits are not exact (a backport disabled or not applicable) it
+refuses with one line naming what works.
 
 With prefix caching on a hybrid (mamba / Gated-DeltaNet) target, vLLM 0.20.x
 uses mamba cache mode 'align': prefill chunks are cut to multiples of the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from vllm_dflash.core.hybrid_cache_hit import exact_hits
 from vllm_dflash.registry import Patch, PatchKind, original, replace_attr
 
 PATCH_NAME = "hybrid_align_budget_check"
@@ -39,13 +42,14 @@ def check(scheduler) -> None:
     if not getattr(scheduler, "need_mamba_block_aligned_split", False):
         return
     spec = getattr(getattr(scheduler, "vllm_config", None), "speculative_config", None)
-    if spec is not None and spec.method == "dflash":
+    if spec is not None and spec.method == "dflash" and not exact_hits():
         raise AlignBudgetError(
             "DFlash with prefix caching on a hybrid (mamba/Gated-DeltaNet) target "
-            "is refused on vLLM 0.20.x: after a prefix-cache hit in mamba cache mode "
-            "'align' the target's greedy output changes (tests/e2e/test_hybrid.py). "
-            "Run with enable_prefix_caching=False (--no-enable-prefix-caching); "
-            "DFlash without prefix caching, or prefix caching without DFlash, works."
+            "is refused: this vLLM's prefix-cache hits claim blocks the attention "
+            "layers do not hold (patches dflash_hybrid_mamba_no_eagle_margin and "
+            "dflash_hybrid_full_attention_truncation are disabled or not "
+            "applicable; see `vllm-dflash doctor`). Run with "
+            "--no-enable-prefix-caching, or enable those patches."
         )
     block = scheduler.cache_config.block_size
     budget = scheduler.max_num_scheduled_tokens
@@ -90,9 +94,10 @@ PATCH = Patch(
     name=PATCH_NAME,
     kind=PatchKind.FIX,
     targets=("vllm.v1.core.sched.scheduler:Scheduler.__init__",),
-    summary="Refuse hybrid prefix caching ('align') with DFlash, or with a speculative "
-    "step budget below the block size.",
-    why="DFlash: after a prefix-cache hit the target's output changes. Any method: "
+    summary="Refuse hybrid prefix caching ('align') with DFlash where prefix-cache "
+    "hits are not exact, or with a speculative step budget below the block size.",
+    why="DFlash: without the dflash_hybrid_* hit backports, the target's output "
+    "changes after a prefix-cache hit. Any method: "
     "'align' cuts prefill chunks to block multiples; with draft slots reserved the "
     "budget rounds to 0 and long prompts are never scheduled (hang).",
     upstream="none (vLLM 0.20.x scheduler)",

@@ -11,6 +11,20 @@ import sys
 from vllm_dflash.version import __version__
 
 
+def _hybrid_prefix_caching() -> str:
+    """Whether a DFlash engine on a hybrid target may enable prefix caching here
+    (the start-up check of ``hybrid_align_budget_check`` runs the same test)."""
+    from vllm_dflash.core.hybrid_cache_hit import exact_hits
+
+    try:
+        exact = exact_hits()
+    except Exception as e:  # another vLLM's KV-cache manager
+        return f"not checked on this vLLM ({type(e).__name__}: {e})"
+    if exact:
+        return "lossless (prefix-cache hits are exact)"
+    return "refused at start-up (prefix-cache hits are not exact on this vLLM)"
+
+
 def _doctor(args: argparse.Namespace) -> int:
     # vLLM logs to stdout; keep stdout for the report (``--json`` stays parseable).
     with contextlib.redirect_stdout(sys.stderr):
@@ -19,10 +33,12 @@ def _doctor(args: argparse.Namespace) -> int:
         from vllm_dflash.registry import apply_all
 
         results = apply_all(PATCHES, defer=False)
+        hybrid_pc = _hybrid_prefix_caching()
     report = {
         "vllm_dflash": __version__,
         "vllm": vllm_version_str(),
         "platform": platform_name(),
+        "hybrid_prefix_caching": hybrid_pc,
         "patches": [
             {
                 "name": p.name,
@@ -45,6 +61,7 @@ def _doctor(args: argparse.Namespace) -> int:
         print(
             f"vllm-dflash {__version__} | vLLM {report['vllm']} | platform {report['platform']}"
         )
+        print(f"DFlash + prefix caching on hybrid targets: {hybrid_pc}")
         width = max(len(p["name"]) for p in report["patches"])
         for p in report["patches"]:
             extra = f" ({p['reason']})" if p["reason"] else ""
