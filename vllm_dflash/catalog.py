@@ -27,6 +27,7 @@ from vllm_dflash.cpu import (
     seeded_sampling,
     weights,
 )
+from vllm_dflash.engine import stop_strings
 from vllm_dflash.entrypoints import arg_parser, argv_rebuild
 from vllm_dflash.layers import gdn_state_replay
 from vllm_dflash.registry import Patch
@@ -97,6 +98,7 @@ PATCHES: tuple[Patch, ...] = (
     flex_hybrid_kv.PATCH,
     flex_block_n.PATCH,
     arg_parser.VALIDATE_PATCH,
+    stop_strings.PATCH,
     quantized_drafter.PATCH,
     adaptive_draft_length.CONFIG_PATCH,
     # The next three wrap DFlashProposer.propose, outermost last; all three

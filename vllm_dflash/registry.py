@@ -245,6 +245,11 @@ def _log_applied(what: str, names: list[str], deferred: list[Patch]) -> None:
         _logger().debug("%s", line)
 
 
+def dflash_in_use() -> bool:
+    """Whether this process runs DFlash (see :func:`note_dflash_in_use`)."""
+    return _dflash_in_use
+
+
 def note_dflash_in_use() -> None:
     """This process runs DFlash: log what it applied so far at INFO, and what it
     applies later as it happens. Called where only a DFlash engine goes: its
