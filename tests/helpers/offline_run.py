@@ -97,6 +97,11 @@ def main() -> None:
         "second pass is appended to prompts/outputs/request_ids",
     )
     ap.add_argument(
+        "--gdn-prefill-backend",
+        default=None,
+        help="gdn_prefill_backend (GPU: triton where FlashInfer is not installed)",
+    )
+    ap.add_argument(
         "--num-blocks",
         type=int,
         default=None,
@@ -138,6 +143,8 @@ def main() -> None:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.num_blocks:
         kwargs["num_gpu_blocks_override"] = args.num_blocks
+    if args.gdn_prefill_backend:
+        kwargs["gdn_prefill_backend"] = args.gdn_prefill_backend
     if args.mm_limit is not None:
         kwargs["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
     llm = LLM(
