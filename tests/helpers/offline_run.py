@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument(
         "--gdn-prefill-backend",
         default=None,
-        help="gdn_prefill_backend (GPU: triton where FlashInfer is not installed)",
+        help="gdn_prefill_backend; torch: the plugin's float32 GDN prefill (GPU fp32)",
     )
     ap.add_argument(
         "--num-blocks",
@@ -143,7 +143,18 @@ def main() -> None:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.num_blocks:
         kwargs["num_gpu_blocks_override"] = args.num_blocks
-    if args.gdn_prefill_backend:
+    if args.gdn_prefill_backend == "torch":
+        # GPU float32: vLLM's GDN prefills are bf16/fp16 only. "triton" selects
+        # forward_native, whose module-level kernel becomes the plugin's float32
+        # chunked rule (as benchmarks/gpu/run_llm.py; the worker in this process).
+        import vllm.model_executor.layers.mamba.gdn_linear_attn as gdn
+
+        from vllm_dflash.cpu import gdn_ops
+
+        gdn.fla_chunk_gated_delta_rule = gdn_ops.chunk_gated_delta_rule
+        kwargs["gdn_prefill_backend"] = "triton"
+        kwargs["distributed_executor_backend"] = "uni"
+    elif args.gdn_prefill_backend:
         kwargs["gdn_prefill_backend"] = args.gdn_prefill_backend
     if args.mm_limit is not None:
         kwargs["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
