@@ -39,6 +39,9 @@ RUNS = {
     "dflash": (("--prefix-caching",), ()),
     "preempted": (("--prefix-caching", "--num-blocks", str(SMALL_CACHE_BLOCKS)), ()),
     "stock": (("--prefix-caching",), (PATCH, REFUSAL)),
+    # diagnosis: DFlash without prefix caching; with it, the GDN state replay off
+    "dflash_no_pc": ((), ()),
+    "dflash_no_replay": (("--prefix-caching",), ("dflash_gdn_state_replay",)),
 }
 
 
@@ -52,7 +55,10 @@ def main() -> None:
     prompts = out / "conversations.json"
     prompts.write_text(json.dumps(_batch()))
     summary: dict = {}
+    names = os.environ.get("PREFIX_RUNS", "no_spec,dflash,preempted,stock").split(",")
     for name, (extra, disable) in RUNS.items():
+        if name not in names:
+            continue
         cmd = [
             sys.executable,
             str(ROOT / "tests/helpers/offline_run.py"),
@@ -87,7 +93,7 @@ def main() -> None:
             summary[name].update(data["prefix_cache"], **data["spec_decode"])
     base = out / "no_spec.json"
     truth = json.loads(base.read_text())["outputs"] if base.exists() else None
-    for name in ("dflash", "preempted", "stock"):
+    for name in names[1:]:
         path = out / f"{name}.json"
         if truth is not None and path.exists():
             outs = json.loads(path.read_text())["outputs"]
