@@ -44,6 +44,7 @@ from vllm_dflash.spec_decode import (
     gdn_unscheduled_slot,
     gdn_zero_drafts,
     hybrid_accepted_sync,
+    hybrid_align_accepted_order,
     jit_warmup,
     mrope_positions,
     partial_draft_head,
@@ -77,9 +78,13 @@ PATCHES: tuple[Patch, ...] = (
     drafter_mm_gather.PATCH,
     hybrid_cache_hit.PATCH,
     hybrid_cache_hit.TRUNCATE_PATCH,
+    hybrid_cache_hit.SHORTER_STEP_PATCH,
     hybrid_prefix_caching.PATCH,
     adaptive_draft_length.PATCH,
     gdn_zero_drafts.PATCH,
+    # innermost of the _prepare_inputs wrappers: the next one writes the counts of
+    # rows that return to the batch after it
+    hybrid_align_accepted_order.PATCH,
     gdn_unscheduled_slot.PATCH,
     hybrid_accepted_sync.PATCH,
     gdn_shared_metadata.PATCH,

@@ -127,6 +127,13 @@ def _gate(patch: Patch) -> PatchResult | None:
     return None
 
 
+def gate(patch: Patch) -> PatchResult | None:
+    """The state of ``patch`` in any process where it is decided without vLLM's
+    modules (disabled, version, platform); None where its probe decides. Lets
+    one process (the engine core) know that a worker patch cannot be in force."""
+    return _gate(patch)
+
+
 def evaluate(patch: Patch, apply: bool) -> PatchResult:
     """Decide a patch's state; apply it if needed and ``apply`` is set."""
     gated = _gate(patch)

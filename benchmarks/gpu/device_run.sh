@@ -13,7 +13,8 @@
 # (hybrid_pair.py: Qwen3.6-27B-shaped pair, DFlash bf16 / fp8 KV, no-spec fp8; HYBRID_STAGES,
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
 # (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS), prefix
-# (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32).
+# (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32),
+# chat (multiturn_chat.py: the 27B-shaped pair on a multi-turn chat workload; CHAT_ARGS).
 # flashinfer
 # (flashinfer_selftest.py: the carried FlashInfer GDN prefill module vs a float64 reference).
 # GDN_PREFILL=auto|flashinfer|triton: the GDN prefill kernel of hybrid (Qwen3.5/3.6)
@@ -183,7 +184,11 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
         > "$W/prefix.log" 2>&1
       say "prefix rc=$?"; grep '^\[prefix_caching_check\]' "$W/prefix.log" | cut -c1-1500
       (cd "$W/prefix" && tar -cJf "$OUT/prefix-runs.tar.xz" summary.json ./*.jsonl \
-        no_spec.json dflash.json preempted.json stock.json conversations.json) 2>/dev/null ;;
+        ./*.json) 2>/dev/null ;;
+    chat)  # multiturn_chat.py: 27B-shaped pair, multi-turn chat, prefix caching x DFlash
+      timeout "${CHAT_TIMEOUT:-480}" python3 benchmarks/gpu/multiturn_chat.py "$OUT/chat.jsonl" \
+        ${CHAT_ARGS:-} > "$W/chat.log" 2>&1
+      say "chat rc=$?"; cut -c1-700 "$OUT/chat.jsonl" 2>/dev/null ;;
     flashinfer)  # the carried FlashInfer GDN prefill module vs a float64 reference
       timeout 300 python3 benchmarks/gpu/flashinfer_selftest.py --json "$W/flashinfer_selftest.json" \
         > "$W/flashinfer_selftest.log" 2>&1

@@ -3,9 +3,11 @@
 workload of tests/e2e/test_hybrid_prefix_caching.py (ten conversations, two
 turns, the batch twice; a 48-block KV cache for preemption).
 
-Runs tests/helpers/offline_run.py four times (no speculation; DFlash + prefix
-caching; the same with a 48-block KV cache; the same with
-dflash_hybrid_mamba_no_eagle_margin and its refusal disabled) and writes one
+Runs tests/helpers/offline_run.py once per run named in PREFIX_RUNS (default:
+no speculation; DFlash + prefix caching; the same with a 48-block KV cache; the
+same with dflash_hybrid_mamba_no_eagle_margin and its refusal disabled; the same
+with dflash_align_accepted_counts_order disabled; the same with synchronous
+scheduling) and writes one
 JSON summary plus each run's data and trace, so the drafts can be replayed on
 the float64 reference on another machine:
 
@@ -39,9 +41,15 @@ RUNS = {
     "dflash": (("--prefix-caching",), ()),
     "preempted": (("--prefix-caching", "--num-blocks", str(SMALL_CACHE_BLOCKS)), ()),
     "stock": (("--prefix-caching",), (PATCH, REFUSAL)),
-    # diagnosis: DFlash without prefix caching; with it, the GDN state replay off
+    # red check: async scheduling (vLLM's default on CUDA) without the fix of the
+    # accepted counts' row order; the same engine with synchronous scheduling
+    "unfixed": (
+        ("--prefix-caching",),
+        ("dflash_align_accepted_counts_order", REFUSAL),
+    ),
+    "sync": (("--prefix-caching", "--no-async-scheduling"), ()),
+    # diagnosis: DFlash without prefix caching
     "dflash_no_pc": ((), ()),
-    "dflash_no_replay": (("--prefix-caching",), ("dflash_gdn_state_replay",)),
 }
 
 
@@ -55,7 +63,9 @@ def main() -> None:
     prompts = out / "conversations.json"
     prompts.write_text(json.dumps(_batch()))
     summary: dict = {}
-    names = os.environ.get("PREFIX_RUNS", "no_spec,dflash,preempted,stock").split(",")
+    names = os.environ.get(
+        "PREFIX_RUNS", "no_spec,dflash,preempted,stock,unfixed,sync"
+    ).split(",")
     for name, (extra, disable) in RUNS.items():
         if name not in names:
             continue

@@ -108,6 +108,17 @@ def main() -> None:
         help="num_gpu_blocks_override: a small KV cache, so requests are preempted",
     )
     ap.add_argument(
+        "--async-accepted-counts",
+        action="store_true",
+        help="CPU: vLLM's async-scheduling handling of the accepted counts in "
+        "_prepare_inputs (tests/helpers/async_counts.py; worker in this process)",
+    )
+    ap.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="async_scheduling=False (GPU; the CPU backend is always synchronous)",
+    )
+    ap.add_argument(
         "--turns",
         type=int,
         default=1,
@@ -156,6 +167,15 @@ def main() -> None:
         kwargs["distributed_executor_backend"] = "uni"
     elif args.gdn_prefill_backend:
         kwargs["gdn_prefill_backend"] = args.gdn_prefill_backend
+    if args.async_accepted_counts:
+        # the worker (spawned by vLLM-CPU) installs it: async_counts_site/
+        site = os.path.join(os.path.dirname(__file__), "async_counts_site")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [site, os.environ.get("PYTHONPATH", "")]
+        )
+        os.environ["VLLM_DFLASH_TEST_ASYNC_COUNTS"] = "1"
+    if args.no_async_scheduling:
+        kwargs["async_scheduling"] = False
     if args.mm_limit is not None:
         kwargs["limit_mm_per_prompt"] = {"image": args.mm_limit, "video": 0}
     llm = LLM(

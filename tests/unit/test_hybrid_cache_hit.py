@@ -118,3 +118,36 @@ def test_doctor_states_the_mode(monkeypatch):
     assert main._hybrid_prefix_caching().startswith("lossless")
     monkeypatch.setattr(hits, "exact_hits", lambda: False)
     assert main._hybrid_prefix_caching().startswith("refused")
+
+
+def test_shorter_step_keeps_the_blocks():
+    """vLLM's 'align' Mamba manager asserts on a step needing fewer blocks than
+    the request holds; with dflash_align_shorter_step_blocks it keeps them."""
+    assert hits.shorter_step_probe()  # stock: AssertionError
+    hits._shorter_step(hits.keep_blocks_on_shorter_steps)  # no error
+
+
+def test_refusal_without_the_async_order_fix(monkeypatch):
+    from vllm_dflash.spec_decode import hybrid_align_accepted_order as order
+
+    sched = SimpleNamespace(
+        vllm_config=SimpleNamespace(
+            speculative_config=SimpleNamespace(method="dflash")
+        ),
+        need_mamba_block_aligned_split=True,
+        cache_config=SimpleNamespace(block_size=16),
+        max_num_scheduled_tokens=64,
+        scheduler_config=SimpleNamespace(
+            max_num_batched_tokens=64, async_scheduling=True
+        ),
+    )
+    monkeypatch.setattr(hybrid_prefix_caching, "exact_hits", lambda: True)
+    monkeypatch.setenv("VLLM_DFLASH_DISABLE", order.NAME)
+    with pytest.raises(hybrid_prefix_caching.AlignBudgetError, match="--no-async"):
+        hybrid_prefix_caching.check(sched)
+    sched.scheduler_config.async_scheduling = False  # synchronous: no refusal
+    hybrid_prefix_caching.check(sched)
+    sched.scheduler_config.async_scheduling = True
+    monkeypatch.delenv("VLLM_DFLASH_DISABLE")
+    if order.PATCH.applies_to_version():
+        hybrid_prefix_caching.check(sched)

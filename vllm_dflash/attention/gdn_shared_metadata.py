@@ -28,7 +28,7 @@ its own slot-index buffers, which ``update_block_table`` fills as ``build`` woul
 update for every kind of batch, with and without CUDA graphs.
 
 Only in DFlash engines (other engines build every group as vLLM does), and not in
-the 'align' mamba cache mode (prefix caching, refused with DFlash on hybrids),
+the 'align' mamba cache mode (prefix caching: vLLM's per-block state copies),
 where the slots depend on each request's sequence length.
 """
 

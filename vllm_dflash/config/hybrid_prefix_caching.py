@@ -7,7 +7,10 @@ hold, and the target's output changes after the hit
 (``vllm_dflash.core.hybrid_cache_hit``, whose two backports fix it). At start-up
 the check runs that module's KV-cache manager simulation through the code in
 force; where hits are not exact (a backport disabled or not applicable) it
-refuses with one line naming what works.
+refuses with one line naming what works. With asynchronous scheduling (vLLM's
+default on CUDA) the same engine also needs the worker fix
+``dflash_align_accepted_counts_order``: where it cannot be in force (disabled,
+or another vLLM version) the check refuses too, naming ``--no-async-scheduling``.
 
 With prefix caching on a hybrid (mamba / Gated-DeltaNet) target, vLLM 0.20.x
 uses mamba cache mode 'align': prefill chunks are cut to multiples of the
@@ -29,7 +32,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from vllm_dflash.core.hybrid_cache_hit import exact_hits
-from vllm_dflash.registry import Patch, PatchKind, original, replace_attr
+from vllm_dflash.registry import Patch, PatchKind, gate, original, replace_attr
+from vllm_dflash.spec_decode import hybrid_align_accepted_order as align_order
 
 PATCH_NAME = "hybrid_align_budget_check"
 
@@ -42,7 +46,8 @@ def check(scheduler) -> None:
     if not getattr(scheduler, "need_mamba_block_aligned_split", False):
         return
     spec = getattr(getattr(scheduler, "vllm_config", None), "speculative_config", None)
-    if spec is not None and spec.method == "dflash" and not exact_hits():
+    dflash = spec is not None and spec.method == "dflash"
+    if dflash and not exact_hits():
         raise AlignBudgetError(
             "DFlash with prefix caching on a hybrid (mamba/Gated-DeltaNet) target "
             "is refused: this vLLM's prefix-cache hits claim blocks the attention "
@@ -51,6 +56,16 @@ def check(scheduler) -> None:
             "applicable; see `vllm-dflash doctor`). Run with "
             "--no-enable-prefix-caching, or enable those patches."
         )
+    if dflash and getattr(scheduler.scheduler_config, "async_scheduling", False):
+        blocked = gate(align_order.PATCH)
+        if blocked is not None:
+            raise AlignBudgetError(
+                "DFlash with prefix caching on a hybrid (mamba/Gated-DeltaNet) target "
+                "and asynchronous scheduling is refused: patch "
+                f"{align_order.NAME} is {blocked.state.value} ({blocked.reason}), "
+                "so GDN states would start from another request's accepted count. "
+                "Run with --no-async-scheduling or --no-enable-prefix-caching."
+            )
     block = scheduler.cache_config.block_size
     budget = scheduler.max_num_scheduled_tokens
     if budget >= block:

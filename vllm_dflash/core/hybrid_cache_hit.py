@@ -25,7 +25,19 @@ blocks past the hit: the request's block table then maps later positions to the
 wrong blocks. ``dflash_hybrid_full_attention_truncation`` truncates every
 full-attention group to the hit.
 
-Both fixes act on the coordinator of a DFlash engine only (set on it when its
+A third fix, ``dflash_align_shorter_step_blocks``, is not about hits: in 'align'
+mode ``MambaManager.allocate_new_blocks`` asserts that a request never needs
+fewer blocks than it holds (``cdiv(tokens, block) + speculative blocks``). A
+step that schedules fewer draft tokens than the last one (the adaptive draft
+length, or a step budget that cuts a request's drafts) after drafts were
+rejected needs one block fewer, and the engine dies on that assertion
+(reproduced on the CPU backend: the tiny hybrid pair, prefix caching, draft
+lengths 4, 0, 0, 2, ...). The fix keeps the blocks the request holds for such a
+step: the running GDN state goes to the block of the step's last token
+(``preprocess_mamba`` copies it there), the later blocks are reused as the
+request grows.
+
+The fixes act on the coordinator of a DFlash engine only (set on it when its
 scheduler starts): an engine without DFlash keeps vLLM's coordinator as it is.
 :func:`exact_hits` runs both cases on a real ``KVCacheManager`` (no model, CPU,
 milliseconds) through the code in force; the start-up check of
@@ -43,6 +55,7 @@ from vllm_dflash.spec_decode import uses_dflash
 
 NAME = "dflash_hybrid_mamba_no_eagle_margin"
 TRUNCATE_NAME = "dflash_hybrid_full_attention_truncation"
+SHORTER_STEP_NAME = "dflash_align_shorter_step_blocks"
 
 # vLLM 0.20.0-0.22.x keep the EAGLE groups in ``eagle_attn_group_indices``;
 # 0.23.0 moved the flag into the attention groups (not covered).
@@ -98,6 +111,27 @@ def _bind_truncating_find(coordinator: Any) -> None:
     coordinator.find_longest_cache_hit = types.MethodType(_truncating_find, coordinator)
 
 
+def _keeping_allocate(
+    self: Any, request_id: str, num_tokens: int, num_tokens_main_model: int
+) -> list[Any]:
+    need = -(-num_tokens_main_model // self.block_size) + self.num_speculative_blocks
+    if need < len(self.req_to_blocks[request_id]):
+        return []  # fewer draft tokens than last step: keep what the request holds
+    return type(self).allocate_new_blocks(
+        self, request_id, num_tokens, num_tokens_main_model
+    )
+
+
+def keep_blocks_on_shorter_steps(coordinator: Any) -> None:
+    """The coordinator's 'align' Mamba managers accept a step that needs fewer
+    blocks than the request holds."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    for manager in coordinator.single_type_managers:
+        if isinstance(manager, MambaManager) and manager.mamba_cache_mode == "align":
+            manager.allocate_new_blocks = types.MethodType(_keeping_allocate, manager)
+
+
 def _is_hybrid(coordinator: Any) -> bool:
     from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 
@@ -112,6 +146,8 @@ def fix_coordinator(coordinator: Any) -> None:
         drop_mamba_eagle_margin(coordinator)
     if TRUNCATE_NAME in _active:
         _bind_truncating_find(coordinator)
+    if SHORTER_STEP_NAME in _active:
+        keep_blocks_on_shorter_steps(coordinator)
 
 
 # --- the KV-cache manager simulation (probes and exact_hits) ------------------
@@ -275,6 +311,42 @@ def truncation_apply() -> None:
     _fix_at_scheduler_start(TRUNCATE_NAME, _bind_truncating_find)
 
 
+def _shorter_step(fix: Callable[[Any], None]) -> None:
+    """Allocate a request's blocks for a 9-token step with 4 drafts (block 8, two
+    speculative blocks), then for a 2-token step without drafts."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    spec = MambaSpec(
+        block_size=_BLOCK,
+        shapes=((1,),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+        num_speculative_blocks=2,
+    )
+    manager = _manager([*_specs(False)[:1], spec])
+    fix(manager.coordinator)
+    request = _request("r", 6)
+    manager.allocate_slots(request, 6, 0, None)
+    request.num_computed_tokens = 6
+    mamba = manager.coordinator.single_type_managers[-1]
+    mamba.allocate_new_blocks("r", 16, 11)  # 6 computed + 1 + 4 drafts: 2 blocks
+    mamba.allocate_new_blocks("r", 8, 8)  # 1 accepted + 1 new: 1 block
+
+
+def shorter_step_probe() -> bool:
+    """Does vLLM's 'align' Mamba manager refuse a step needing fewer blocks?"""
+    try:
+        _shorter_step(_no_fix)
+    except AssertionError:
+        return True
+    return False
+
+
+def shorter_step_apply() -> None:
+    _fix_at_scheduler_start(SHORTER_STEP_NAME, keep_blocks_on_shorter_steps)
+
+
 PATCH = Patch(
     name=NAME,
     kind=PatchKind.BACKPORT,
@@ -316,4 +388,23 @@ TRUNCATE_PATCH = Patch(
     "both; the probe skips it there.",
     probe_false_reason="the coordinator already cuts every full-attention group "
     "to the hit",
+)
+
+SHORTER_STEP_PATCH = Patch(
+    name=SHORTER_STEP_NAME,
+    kind=PatchKind.FIX,
+    # on the scheduler's HybridKVCacheCoordinator: its MambaManagers
+    targets=(_SCHEDULER_INIT,),
+    summary="DFlash engines with prefix caching on hybrid targets: a step with "
+    "fewer draft tokens than the last keeps the GDN blocks the request holds.",
+    why="'align' mode asserts a request never needs fewer blocks than it holds; "
+    "the adaptive draft length (or a budget that cuts drafts) after rejected "
+    "drafts needs one fewer and the engine dies on that assertion.",
+    upstream="none (vLLM main still asserts)",
+    versions=VERSIONS,
+    platforms=("cuda", "cpu", "rocm"),
+    probe=shorter_step_probe,
+    apply=shorter_step_apply,
+    future="Drop when vLLM's MambaManager accepts shorter steps in align mode.",
+    probe_false_reason="the 'align' Mamba manager accepts a step needing fewer blocks",
 )

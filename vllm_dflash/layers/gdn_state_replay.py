@@ -35,8 +35,8 @@ imported, so a process that never loads a GDN model imports nothing more):
 * ``GPUModelRunner.initialize_metadata_builders``: the GDN builders get the
   runner's accepted-count buffer (also for steps without drafts).
 
-Not in the 'align' mamba cache mode (prefix caching: refused with DFlash on
-hybrid targets) and only for DFlash engines.
+Not in the 'align' mamba cache mode (prefix caching: vLLM's per-block GDN state
+copies there) and only for DFlash engines.
 """
 
 from __future__ import annotations

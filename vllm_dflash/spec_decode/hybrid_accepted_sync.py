@@ -26,7 +26,7 @@ produces the same counts with no synchronisation
 function on random batches).
 
 Only in DFlash engines on hybrid targets, with asynchronous scheduling, outside
-the 'align' mamba cache mode (prefix caching; refused with DFlash on hybrids).
+the 'align' mamba cache mode (prefix caching: dflash_align_accepted_counts_order).
 The host copy of the counts (``InputBatch.num_accepted_tokens_cpu``) is still
 written by the device-to-host copy after each step; code that reads it
 (``dflash_gdn_slot_after_unscheduled_step``) waits on the event itself.

@@ -13,16 +13,25 @@ from vllm_dflash.version import __version__
 
 def _hybrid_prefix_caching() -> str:
     """Whether a DFlash engine on a hybrid target may enable prefix caching here
-    (the start-up check of ``hybrid_align_budget_check`` runs the same test)."""
+    (the start-up check of ``hybrid_align_budget_check`` runs the same tests)."""
     from vllm_dflash.core.hybrid_cache_hit import exact_hits
+    from vllm_dflash.registry import gate
+    from vllm_dflash.spec_decode import hybrid_align_accepted_order as align_order
 
     try:
         exact = exact_hits()
     except Exception as e:  # another vLLM's KV-cache manager
         return f"not checked on this vLLM ({type(e).__name__}: {e})"
-    if exact:
-        return "lossless (prefix-cache hits are exact)"
-    return "refused at start-up (prefix-cache hits are not exact on this vLLM)"
+    if not exact:
+        return "refused at start-up (prefix-cache hits are not exact on this vLLM)"
+    blocked = gate(align_order.PATCH)
+    if blocked is not None:
+        return (
+            "lossless with synchronous scheduling only; with asynchronous "
+            f"scheduling refused at start-up ({align_order.NAME} "
+            f"{blocked.state.value})"
+        )
+    return "lossless (prefix-cache hits are exact; async scheduling included)"
 
 
 def _doctor(args: argparse.Namespace) -> int:
