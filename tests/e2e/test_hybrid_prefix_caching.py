@@ -109,6 +109,18 @@ def _config(workdir: Path, drafter: str | None, **kw) -> dict:
     return dict(drafter=drafter, max_num_batched_tokens=BUDGET, extra_args=extra, **kw)
 
 
+def _adaptive_async(workdir: Path, disable: tuple[str, ...] = ()) -> dict:
+    """DFlash + prefix caching, asynchronous counts, the forced draft lengths."""
+    return _config(
+        workdir,
+        "drafter",
+        prefix_caching=True,
+        extra=ASYNC + ADAPTIVE,
+        env=SCHEDULE,
+        disable=disable,
+    )
+
+
 @pytest.fixture(scope="module")
 def runs(runner, workdir) -> dict:
     configs = {
@@ -117,29 +129,9 @@ def runs(runner, workdir) -> dict:
         "stock": _config(
             workdir, "drafter", prefix_caching=True, disable=(PATCH, REFUSAL)
         ),
-        "async": _config(
-            workdir,
-            "drafter",
-            prefix_caching=True,
-            extra=ASYNC + ADAPTIVE,
-            env=SCHEDULE,
-        ),
-        "async_unfixed": _config(
-            workdir,
-            "drafter",
-            prefix_caching=True,
-            extra=ASYNC + ADAPTIVE,
-            env=SCHEDULE,
-            disable=(ORDER_PATCH,),
-        ),
-        "shorter_unfixed": _config(
-            workdir,
-            "drafter",
-            prefix_caching=True,
-            extra=ASYNC + ADAPTIVE,
-            env=SCHEDULE,
-            disable=(SHORTER_PATCH,),
-        ),
+        "async": _adaptive_async(workdir),
+        "async_unfixed": _adaptive_async(workdir, disable=(ORDER_PATCH,)),
+        "shorter_unfixed": _adaptive_async(workdir, disable=(SHORTER_PATCH,)),
         "preempted": _config(
             workdir,
             "drafter",

@@ -94,16 +94,23 @@ def test_only_dflash_schedulers_get_the_fixes(monkeypatch, fixes, isolated):
     assert "find_longest_cache_hit" in vars(coordinator)
 
 
-def test_refusal_follows_exact_hits(monkeypatch):
-    sched = SimpleNamespace(
+def _scheduler(async_scheduling: bool = False) -> SimpleNamespace:
+    """A DFlash scheduler in 'align' mode whose budget holds a block."""
+    return SimpleNamespace(
         vllm_config=SimpleNamespace(
             speculative_config=SimpleNamespace(method="dflash")
         ),
         need_mamba_block_aligned_split=True,
         cache_config=SimpleNamespace(block_size=16),
         max_num_scheduled_tokens=64,
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
+        scheduler_config=SimpleNamespace(
+            max_num_batched_tokens=64, async_scheduling=async_scheduling
+        ),
     )
+
+
+def test_refusal_follows_exact_hits(monkeypatch):
+    sched = _scheduler()
     monkeypatch.setattr(hybrid_prefix_caching, "exact_hits", lambda: False)
     with pytest.raises(hybrid_prefix_caching.AlignBudgetError, match=hits.NAME):
         hybrid_prefix_caching.check(sched)
@@ -130,17 +137,7 @@ def test_shorter_step_keeps_the_blocks():
 def test_refusal_without_the_async_order_fix(monkeypatch):
     from vllm_dflash.spec_decode import hybrid_align_accepted_order as order
 
-    sched = SimpleNamespace(
-        vllm_config=SimpleNamespace(
-            speculative_config=SimpleNamespace(method="dflash")
-        ),
-        need_mamba_block_aligned_split=True,
-        cache_config=SimpleNamespace(block_size=16),
-        max_num_scheduled_tokens=64,
-        scheduler_config=SimpleNamespace(
-            max_num_batched_tokens=64, async_scheduling=True
-        ),
-    )
+    sched = _scheduler(async_scheduling=True)
     monkeypatch.setattr(hybrid_prefix_caching, "exact_hits", lambda: True)
     monkeypatch.setenv("VLLM_DFLASH_DISABLE", order.NAME)
     with pytest.raises(hybrid_prefix_caching.AlignBudgetError, match="--no-async"):
