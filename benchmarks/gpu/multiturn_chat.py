@@ -9,8 +9,9 @@ without prefix caching, DFlash + prefix caching, one engine after the other.
 Every conversation starts with the same ``--system``-token system prompt, then a
 user message of 64..127 tokens; each turn re-sends the whole conversation (the
 previous prompt, the engine's answer, a new user message) for all conversations
-at once (one ``LLM.generate`` a turn, greedy, ``--max-tokens`` each). One JSON line
-per engine: end-to-end seconds of the workload, per turn seconds, output tokens
+at once (one ``LLM.generate`` a turn, greedy, ``--max-tokens`` each); ``--repeats``
+workloads per engine, each with its own system prompt. One JSON line per engine:
+end-to-end seconds of each workload, per turn seconds, output tokens
 a second, time to first token (mean, p50, p90 over requests, from vLLM's request
 metrics), prefix-cache queries and hits, spec-decode counters. DFlash uses
 ``draft_length: adaptive``, k = 15, ``rejection_sample_method: synthetic`` at
@@ -77,23 +78,26 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     vocab_lo, vocab_hi = vocab // 8, vocab * 7 // 8
     # warm-up: one short request outside the system prompt (no cache entries shared)
     llm.generate([{"prompt_token_ids": [vocab_lo + 1] * 32}], params, use_tqdm=False)
-    convs = conversations(args.conversations, args.system, vocab)
-    turn_s, ttft, out_tokens, prompt_tokens = [], [], 0, 0
-    t_all = time.time()
-    for _ in range(args.turns):
-        t = time.time()
-        outs = llm.generate(
-            [{"prompt_token_ids": c} for c in convs], params, use_tqdm=False
-        )
-        turn_s.append(round(time.time() - t, 3))
-        for i, o in enumerate(outs):
-            toks = list(o.outputs[0].token_ids)
-            out_tokens += len(toks)
-            prompt_tokens += len(convs[i])
-            if o.metrics is not None and o.metrics.first_token_latency:
-                ttft.append(o.metrics.first_token_latency)
-            convs[i] = convs[i] + toks + user(rng, vocab_lo, vocab_hi)
-    total = time.time() - t_all
+    workload_s, turn_s, ttft, out_tokens, prompt_tokens = [], [], [], 0, 0
+    for rep in range(args.repeats):
+        # each repeat its own system prompt: its first turn finds nothing cached
+        convs = conversations(args.conversations, args.system, vocab, seed=7 + rep)
+        t_all = time.time()
+        for _ in range(args.turns):
+            t = time.time()
+            outs = llm.generate(
+                [{"prompt_token_ids": c} for c in convs], params, use_tqdm=False
+            )
+            turn_s.append(round(time.time() - t, 3))
+            for i, o in enumerate(outs):
+                toks = list(o.outputs[0].token_ids)
+                out_tokens += len(toks)
+                prompt_tokens += len(convs[i])
+                if o.metrics is not None and o.metrics.first_token_latency:
+                    ttft.append(o.metrics.first_token_latency)
+                convs[i] = convs[i] + toks + user(rng, vocab_lo, vocab_hi)
+        workload_s.append(round(time.time() - t_all, 2))
+    total = sum(workload_s)
     counters = {}
     for m in llm.get_metrics():
         if hasattr(m, "value") and (
@@ -105,7 +109,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     return {
         "engine": name,
         "start_s": round(start_s, 1),
-        "workload_s": round(total, 2),
+        "workload_s": workload_s,
         "turn_s": turn_s,
         "output_tok_s": round(out_tokens / total, 1),
         "prompt_tokens": prompt_tokens,
@@ -130,6 +134,7 @@ def main() -> int:
     ap.add_argument("--system", type=int, default=2048)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--tau", type=float, default=6.35)
+    ap.add_argument("--repeats", type=int, default=2, help="workloads per engine")
     args = ap.parse_args()
     if args.one:
         try:
@@ -141,7 +146,14 @@ def main() -> int:
         return 0
     for name in args.engines.split(","):
         cmd = [sys.executable, __file__, args.out, "--one", name]
-        for flag in ("conversations", "turns", "system", "max_tokens", "tau"):
+        for flag in (
+            "conversations",
+            "turns",
+            "system",
+            "max_tokens",
+            "tau",
+            "repeats",
+        ):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)})
     return 0
