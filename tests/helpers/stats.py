@@ -82,3 +82,28 @@ def fit(
     chi2 = sum((oi - ei) ** 2 / ei for oi, ei in zip(o, e, strict=True))
     df = max(len(e) - 1, 1)
     return Fit(n, chi2, df, chi2_sf(chi2, df), tv)
+
+
+def homogeneity(a: list[int], b: list[int], min_expected: float = 5.0) -> Fit:
+    """Chi-square test that two samples of token ids come from one distribution
+    (Pearson's test of a 2 x K contingency table). Tokens whose expected count
+    in the smaller sample is below ``min_expected`` are pooled into one bin.
+    ``tv``: the total variation between the two empirical distributions."""
+    ca, cb = Counter(a), Counter(b)
+    na, nb = len(a), len(b)
+    n = na + nb
+    rows, rest_a, rest_b = [], 0, 0
+    for tok in set(ca) | set(cb):
+        if (ca[tok] + cb[tok]) * min(na, nb) / n >= min_expected:
+            rows.append((ca[tok], cb[tok]))
+        else:
+            rest_a, rest_b = rest_a + ca[tok], rest_b + cb[tok]
+    if rest_a + rest_b:
+        rows.append((rest_a, rest_b))
+    chi2 = 0.0
+    for oa, ob in rows:
+        ea, eb = (oa + ob) * na / n, (oa + ob) * nb / n
+        chi2 += (oa - ea) ** 2 / ea + (ob - eb) ** 2 / eb
+    df = max(len(rows) - 1, 1)
+    tv = 0.5 * sum(abs(ca[t] / na - cb[t] / nb) for t in set(ca) | set(cb))
+    return Fit(n, chi2, df, chi2_sf(chi2, df), tv)

@@ -31,7 +31,14 @@ def _hybrid_prefix_caching() -> str:
             f"scheduling refused at start-up ({align_order.NAME} "
             f"{blocked.state.value})"
         )
-    return "lossless (prefix-cache hits are exact; async scheduling included)"
+    from vllm_dflash.config import hybrid_prefix_caching_cuda as cuda_refusal
+    from vllm_dflash.envs import disabled_patches
+
+    if cuda_refusal.NAME in disabled_patches():
+        cuda = "; bfloat16/float16 on CUDA allowed by VLLM_DFLASH_DISABLE (it crashes)"
+    else:
+        cuda = "; refused in bfloat16/float16 on CUDA (start-up crash, docs/hybrid.md)"
+    return "lossless (prefix-cache hits are exact; async scheduling included)" + cuda
 
 
 def _doctor(args: argparse.Namespace) -> int:
