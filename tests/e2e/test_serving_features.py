@@ -161,9 +161,7 @@ def _rejection(traceback: str) -> bool:
 
 def _text(api: Api, ids: list[int]) -> str:
     """A prompt's text under the servers' text tokenizer (a chat message)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(api.model).decode(ids)
+    return _tokenizer(api).decode(ids)
 
 
 def _both(servers, method: str, *args):

@@ -34,26 +34,11 @@ CHAT_TEMPLATE = (
 )
 
 
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map of bytes to printable characters."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    out, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + n)
-            n += 1
-    return out
-
-
 def text_vocab(vocab_size: int, specials: dict[int, str]) -> tuple[dict, list]:
     """(vocab: byte-level string -> id, merges) over ``vocab_size`` ids."""
-    b2u = _byte_to_unicode()
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's map
+
+    b2u = bytes_to_unicode()
     chars = [b2u[ord(c)] for c in string.printable if c not in "\r\x0b\x0c"]
     pairs = ["".join(p) for p in product(string.ascii_lowercase, repeat=2)]
     free = [i for i in range(vocab_size) if i not in specials]
@@ -85,7 +70,7 @@ def _vocab_size(src: Path) -> int:
 def write_text_tokenizer(src: Path, dst: Path) -> None:
     """Write ``dst/tokenizer.json`` and ``tokenizer_config.json``: the text
     tokenizer for ``src``'s vocabulary and special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     specials = _specials(src)
     vocab, merges = text_vocab(_vocab_size(src), specials)
@@ -96,8 +81,6 @@ def write_text_tokenizer(src: Path, dst: Path) -> None:
     )
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    from tokenizers import AddedToken
-
     tok.add_special_tokens([AddedToken(n, special=True) for n in specials.values()])
     tok.save(str(dst / "tokenizer.json"))
     cfg = json.loads((src / "tokenizer_config.json").read_text())
