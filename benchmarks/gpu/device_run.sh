@@ -14,7 +14,9 @@
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
 # (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS), prefix
 # (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32),
-# chat (multiturn_chat.py: the 27B-shaped pair on a multi-turn chat workload; CHAT_ARGS).
+# chat (multiturn_chat.py: the 27B-shaped pair on a multi-turn chat workload; CHAT_ARGS),
+# serving (tests/e2e/test_serving_features.py against GPU servers, float32; SERVING_K),
+# sampling_accept[:DTYPE] (tests/e2e/test_sampling_acceptance.py, engines on the GPU).
 # flashinfer
 # (flashinfer_selftest.py: the carried FlashInfer GDN prefill module vs a float64 reference).
 # GDN_PREFILL=auto|flashinfer|triton: the GDN prefill kernel of hybrid (Qwen3.5/3.6)
@@ -189,6 +191,25 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       timeout "${CHAT_TIMEOUT:-480}" python3 benchmarks/gpu/multiturn_chat.py "$OUT/chat.jsonl" \
         ${CHAT_ARGS:-} > "$W/chat.log" 2>&1
       say "chat rc=$?"; cut -c1-700 "$OUT/chat.jsonl" 2>/dev/null ;;
+    serving)  # tests/e2e/test_serving_features.py on the GPU (float32; SERVING_K: pytest -k)
+      python3 -c "import pytest, jsonschema" > "$W/serving-imports.log" 2>&1 \
+        || say "serving: $(tail -1 "$W/serving-imports.log")"
+      VLLM_DFLASH_TEST_SERVER_ARGS="${SERVING_SERVER_ARGS:---gpu-memory-utilization 0.3}" \
+        timeout "${SERVING_TIMEOUT:-560}" python3 -m pytest tests/e2e/test_serving_features.py \
+        ${SERVING_K:+-k "$SERVING_K"} -p no:cacheprovider -q -rA -s --junitxml "$W/pytest-serving.xml" \
+        --basetemp "$W/serving-tmp" > "$W/serving.log" 2>&1
+      say "serving rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$W/serving.log" | tail -40
+      cp "$W/pytest-serving.xml" "$OUT/" 2>/dev/null
+      for f in "$W"/serving-tmp/*/dflash.log "$W"/serving-tmp/*/base.log; do
+        [ -f "$f" ] && grep -E "Avg Draft acceptance|Mean acceptance|Accepted|ERROR|Traceback" "$f" \
+          | tail -5 | sed "s|^|$(basename "$(dirname "$f")")/$(basename "$f"): |"
+      done ;;
+    sampling_accept)  # tests/e2e/test_sampling_acceptance.py on the GPU; sampling_accept:DTYPE
+      VLLM_DFLASH_TEST_SAMPLING_ARGS="--dtype ${arg:-float32} ${SAMPLING_ACCEPT_ARGS:-}" \
+        timeout "${SAMPLING_TIMEOUT:-400}" python3 -m pytest tests/e2e/test_sampling_acceptance.py \
+        -p no:cacheprovider -q -rA -s --basetemp "$W/sa-${arg:-float32}" > "$W/sampling_accept-${arg:-float32}.log" 2>&1
+      say "sampling_accept ${arg:-float32} rc=$?"
+      grep -E "^sampling with accepted|passed|failed|^FAILED|Error" "$W/sampling_accept-${arg:-float32}.log" | cut -c1-2500 | tail -8 ;;
     flashinfer)  # the carried FlashInfer GDN prefill module vs a float64 reference
       timeout 300 python3 benchmarks/gpu/flashinfer_selftest.py --json "$W/flashinfer_selftest.json" \
         > "$W/flashinfer_selftest.log" 2>&1

@@ -51,6 +51,27 @@ def user(rng: random.Random, lo: int, hi: int) -> list[int]:
     return [rng.randrange(lo, hi) for _ in range(rng.randrange(64, 128))]
 
 
+def truncate_target(path: str, layers: int) -> None:
+    """Diagnosis: the same shapes with the first ``layers`` target layers only
+    (a shorter start-up); the drafter's target layers spread over them."""
+    with open(path) as fh:
+        cfg = json.load(fh)
+    text = cfg.get("text_config", cfg)
+    text["num_hidden_layers"] = layers
+    text["layer_types"] = text["layer_types"][:layers]
+    with open(path, "w") as fh:
+        json.dump(cfg, fh)
+    draft = os.path.join(os.path.dirname(os.path.dirname(path)), "draft", "config.json")
+    with open(draft) as fh:
+        dcfg = json.load(fh)
+    n = len(dcfg["dflash_config"]["target_layer_ids"])  # spread, distinct
+    step = (layers - 3) / max(1, n - 1)
+    dcfg["dflash_config"]["target_layer_ids"] = [round(1 + i * step) for i in range(n)]
+    dcfg["num_target_layers"] = layers
+    with open(draft, "w") as fh:
+        json.dump(dcfg, fh)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -62,9 +83,18 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     mode, prefix = ENGINES[name]
     root = "/root/q36-chat"
     write_models(root, "hybrid")
+    if args.target_layers:
+        truncate_target(f"{root}/target/config.json", args.target_layers)
     vocab = pair_configs("hybrid")[0].get("text_config", {}).get("vocab_size", 248320)
     kw = engine_kwargs(
-        mode, root, args.tau, args.conversations, pair="hybrid", max_model_len=8192
+        mode,
+        root,
+        args.tau,
+        args.conversations,
+        pair="hybrid",
+        max_model_len=8192,
+        enforce_eager=args.eager,
+        cudagraph_mode=args.cudagraph_mode,
     )
     kw["enable_prefix_caching"] = prefix
     kw["disable_log_stats"] = False
@@ -135,6 +165,14 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--tau", type=float, default=6.35)
     ap.add_argument("--repeats", type=int, default=2, help="workloads per engine")
+    ap.add_argument(
+        "--target-layers",
+        type=int,
+        default=0,
+        help="diagnosis: keep the first N target layers (same shapes, faster start)",
+    )
+    ap.add_argument("--eager", action="store_true", help="enforce_eager")
+    ap.add_argument("--cudagraph-mode", default="", help="e.g. PIECEWISE")
     args = ap.parse_args()
     if args.one:
         try:
@@ -153,8 +191,13 @@ def main() -> int:
             "max_tokens",
             "tau",
             "repeats",
+            "target_layers",
         ):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        if args.eager:
+            cmd.append("--eager")
+        if args.cudagraph_mode:
+            cmd += ["--cudagraph-mode", args.cudagraph_mode]
         path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
         subprocess.run(cmd, env={**os.environ, "PYTHONPATH": path})
     return 0

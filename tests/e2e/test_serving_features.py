@@ -14,7 +14,9 @@ weights are the same, and grammars (JSON, regexes) can be spelled."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +44,9 @@ COMMON = [
     "--structured-outputs-config",
     json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
 ]  # fmt: skip
+# The same module on a GPU (benchmarks/gpu/device_run.sh serving): extra server
+# arguments for both servers, e.g. "--gpu-memory-utilization 0.3".
+EXTRA = shlex.split(os.environ.get("VLLM_DFLASH_TEST_SERVER_ARGS", ""))
 GEN = 40  # tokens per request: several draft blocks
 LONG = 400  # tokens the requests that clients drop ask for
 
@@ -119,13 +124,16 @@ def servers(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"serve-{request.param}")
     target, drafter = _pair(request.param, root)
     model, trace = str(target), root / "dflash-trace.jsonl"
+    common, env = COMMON + EXTRA, _gpu_fp32_hybrid(request.param)
+    if env:
+        common = common + ["--gdn-prefill-backend", "triton"]
     spec = VllmServer(
         model,
-        COMMON + speculative_config_arg(str(drafter), K),
-        env={"VLLM_DFLASH_TRACE": str(trace)},
+        common + speculative_config_arg(str(drafter), K),
+        env={**env, "VLLM_DFLASH_TRACE": str(trace)},
         log_path=root / "dflash.log",
     )
-    base = VllmServer(model, COMMON, log_path=root / "base.log")
+    base = VllmServer(model, common, env=env, log_path=root / "base.log")
     with ExitStack() as stack, ThreadPoolExecutor(2) as pool:
         # Start both at once (each waits on its own model load).
         futs = [pool.submit(s.__enter__) for s in (spec, base)]
@@ -142,6 +150,18 @@ def servers(request, tmp_path_factory):
         bad = [b for b in blocks if not _rejection(b) and _unexpected_tracebacks(
             "Traceback (most recent call last):" + b)]  # fmt: skip
         assert not bad, bad[0][-3000:]
+
+
+def _gpu_fp32_hybrid(pair: str) -> dict[str, str]:
+    """Server environment of the hybrid pair on a CUDA GPU (float32): the
+    plugin's float32 GDN prefill (tests/helpers/gdn_fp32_site)."""
+    import torch
+
+    if pair != "hybrid" or not torch.cuda.is_available():
+        return {}
+    site = Path(__file__).resolve().parents[1] / "helpers" / "gdn_fp32_site"
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, "VLLM_DFLASH_TEST_GDN_FP32": "1"}
 
 
 def _rejection(traceback: str) -> bool:
