@@ -188,9 +188,12 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       (cd "$W/prefix" && tar -cJf "$OUT/prefix-runs.tar.xz" summary.json ./*.jsonl \
         ./*.json) 2>/dev/null ;;
     chat)  # multiturn_chat.py: 27B-shaped pair, multi-turn chat, prefix caching x DFlash
-      timeout "${CHAT_TIMEOUT:-480}" python3 benchmarks/gpu/multiturn_chat.py "$OUT/chat.jsonl" \
-        ${CHAT_ARGS:-} > "$W/chat.log" 2>&1
-      say "chat rc=$?"; cut -c1-700 "$OUT/chat.jsonl" 2>/dev/null ;;
+      # CHAT_TAG: one log and result file per tag (several chat runs in one call, W_KEEP=1)
+      local tag=${CHAT_TAG:+-$CHAT_TAG}
+      timeout "${CHAT_TIMEOUT:-480}" python3 benchmarks/gpu/multiturn_chat.py "$OUT/chat$tag.jsonl" \
+        ${CHAT_ARGS:-} > "$W/chat$tag.log" 2>&1
+      say "chat$tag rc=$?"; cut -c1-700 "$OUT/chat$tag.jsonl" 2>/dev/null
+      grep -E "Error|error:|illegal|Traceback|Profiling CUDA graph" "$W/chat$tag.log" | cut -c1-400 | tail -8 ;;
     serving)  # tests/e2e/test_serving_features.py on the GPU (float32; SERVING_K: pytest -k)
       python3 -c "import pytest" > "$W/serving-imports.log" 2>&1 \
         || say "serving: $(tail -1 "$W/serving-imports.log")"

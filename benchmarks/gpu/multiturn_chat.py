@@ -95,6 +95,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         max_model_len=8192,
         enforce_eager=args.eager,
         cudagraph_mode=args.cudagraph_mode,
+        kv_cache_gib=args.kv_cache_gib,
     )
     kw["enable_prefix_caching"] = prefix
     kw["disable_log_stats"] = False
@@ -173,6 +174,12 @@ def main() -> int:
     )
     ap.add_argument("--eager", action="store_true", help="enforce_eager")
     ap.add_argument("--cudagraph-mode", default="", help="e.g. PIECEWISE")
+    ap.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=0.0,
+        help="diagnosis: a fixed KV cache (vLLM then skips its memory profiling)",
+    )
     args = ap.parse_args()
     if args.one:
         try:
@@ -192,6 +199,7 @@ def main() -> int:
             "tau",
             "repeats",
             "target_layers",
+            "kv_cache_gib",
         ):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         if args.eager:
