@@ -21,8 +21,9 @@ acceptance rate over the whole run. Measured 2026-12-05 on the 2-core CPU VM:
 7,617 of 24,090 draft tokens accepted (31.6%, 1.63 tokens a step); top
 marginals 0.858 at tokens 1-3; fits p = 0.54 / 0.33 / 0.13, against no-spec
 p = 0.42 / 0.82 / 0.90; 73 s in a fresh-clone CI run (2026-12-06). The same
-drafter accepts 23.3% at k = 3 and 21.7% at k = 4 (the sampled text leaves the greedy text it was trained on, so
-later block positions miss more often); at temperature 0.4 it reaches 30% at
+drafter accepts 23.3% at k = 3 and 21.7% at k = 4 (the sampled text leaves the
+greedy text it was trained on, so later block positions miss more often); at
+temperature 0.4 it reaches 30% at
 k = 4 only where tokens 1-3 are nearly certain (top marginal 0.96-0.996), which
 leaves the distribution checks nothing to check.
 """
