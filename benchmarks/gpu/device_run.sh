@@ -16,7 +16,9 @@
 # (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32),
 # chat (multiturn_chat.py: the 27B-shaped pair on a multi-turn chat workload; CHAT_ARGS),
 # serving (tests/e2e/test_serving_features.py against GPU servers, float32; SERVING_K),
-# sampling_accept[:DTYPE] (tests/e2e/test_sampling_acceptance.py, engines on the GPU).
+# sampling_accept[:DTYPE] (tests/e2e/test_sampling_acceptance.py, engines on the GPU),
+# serving_probe (serving_probe.py: structured outputs, an invalid regex and logprobs on
+# no-spec / no-plugin / synchronous / DFlash servers; PROBE_VARIANTS).
 # flashinfer
 # (flashinfer_selftest.py: the carried FlashInfer GDN prefill module vs a float64 reference).
 # GDN_PREFILL=auto|flashinfer|triton: the GDN prefill kernel of hybrid (Qwen3.5/3.6)
@@ -204,9 +206,14 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       say "serving rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$W/serving.log" | tail -40
       cp "$W/pytest-serving.xml" "$OUT/" 2>/dev/null
       for f in "$W"/serving-tmp/*/dflash.log "$W"/serving-tmp/*/base.log; do
-        [ -f "$f" ] && grep -E "Avg Draft acceptance|Mean acceptance|Accepted|ERROR|Traceback" "$f" \
-          | tail -5 | sed "s|^|$(basename "$(dirname "$f")")/$(basename "$f"): |"
+        [ -f "$f" ] && grep -E "Avg Draft acceptance|Mean acceptance|Accepted|ERROR|Traceback|grammar|FSM|internal error" "$f" \
+          | cut -c1-400 | tail -8 | sed "s|^|$(basename "$(dirname "$f")")/$(basename "$f"): |"
       done ;;
+    serving_probe)  # serving_probe.py: structured outputs / logprobs on several servers
+      timeout "${PROBE_TIMEOUT:-240}" python3 benchmarks/gpu/serving_probe.py "$W/probe" \
+        ${PROBE_VARIANTS:+--variants "$PROBE_VARIANTS"} > "$W/serving_probe.log" 2>&1
+      say "serving_probe rc=$?"; grep '^\[serving_probe\]' "$W/serving_probe.log" | cut -c1-700
+      cp "$W/probe/serving_probe.json" "$OUT/" 2>/dev/null ;;
     sampling_accept)  # tests/e2e/test_sampling_acceptance.py on the GPU; sampling_accept:DTYPE
       VLLM_DFLASH_TEST_SAMPLING_ARGS="--dtype ${arg:-float32} ${SAMPLING_ACCEPT_ARGS:-}" \
         timeout "${SAMPLING_TIMEOUT:-400}" python3 -m pytest tests/e2e/test_sampling_acceptance.py \
