@@ -15,7 +15,7 @@
 # (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS), prefix
 # (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32),
 # chat (multiturn_chat.py: the 27B-shaped pair on a multi-turn chat workload; CHAT_ARGS),
-# serving (tests/e2e/test_serving_features.py against GPU servers, float32; SERVING_K),
+# serving[:dense|hybrid] (tests/e2e/test_serving_features.py against GPU servers, float32; SERVING_K),
 # sampling_accept[:DTYPE] (tests/e2e/test_sampling_acceptance.py, engines on the GPU),
 # serving_probe (serving_probe.py: structured outputs, an invalid regex and logprobs on
 # no-spec / no-plugin / synchronous / DFlash servers; PROBE_VARIANTS).
@@ -197,15 +197,19 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       say "chat$tag rc=$?"; cut -c1-700 "$OUT/chat$tag.jsonl" 2>/dev/null
       grep -E "Error|error:|illegal|Traceback|Profiling CUDA graph" "$W/chat$tag.log" | cut -c1-400 | tail -8 ;;
     serving)  # tests/e2e/test_serving_features.py on the GPU (float32; SERVING_K: pytest -k)
-      python3 -c "import pytest" > "$W/serving-imports.log" 2>&1 \
-        || say "serving: $(tail -1 "$W/serving-imports.log")"
+      # serving:dense / serving:hybrid: one pair (own files), e.g. both at once on one
+      # GPU: "serving:dense@0" "serving:hybrid@0" with SERVING_SERVER_ARGS at 0.2
+      local tag=${arg:+-$arg} k=${SERVING_K:-}
+      [ -n "$arg" ] && k="$arg${k:+ and ($k)}"
+      python3 -c "import pytest" > "$W/serving-imports$tag.log" 2>&1 \
+        || say "serving: $(tail -1 "$W/serving-imports$tag.log")"
       VLLM_DFLASH_TEST_SERVER_ARGS="${SERVING_SERVER_ARGS:---gpu-memory-utilization 0.3}" \
         timeout "${SERVING_TIMEOUT:-560}" python3 -m pytest tests/e2e/test_serving_features.py \
-        ${SERVING_K:+-k "$SERVING_K"} -p no:cacheprovider -q -rA -s --junitxml "$W/pytest-serving.xml" \
-        --basetemp "$W/serving-tmp" > "$W/serving.log" 2>&1
-      say "serving rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$W/serving.log" | tail -40
-      cp "$W/pytest-serving.xml" "$OUT/" 2>/dev/null
-      for f in "$W"/serving-tmp/*/dflash.log "$W"/serving-tmp/*/base.log; do
+        ${k:+-k "$k"} -p no:cacheprovider -q -rA -s --junitxml "$W/pytest-serving$tag.xml" \
+        --basetemp "$W/serving-tmp$tag" > "$W/serving$tag.log" 2>&1
+      say "serving$tag rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$W/serving$tag.log" | cut -c1-600 | tail -40
+      cp "$W/pytest-serving$tag.xml" "$OUT/" 2>/dev/null
+      for f in "$W"/serving-tmp"$tag"/*/dflash.log "$W"/serving-tmp"$tag"/*/base.log; do
         [ -f "$f" ] && grep -E "Avg Draft acceptance|Mean acceptance|Accepted|ERROR|Traceback|grammar|FSM|internal error" "$f" \
           | cut -c1-400 | tail -8 | sed "s|^|$(basename "$(dirname "$f")")/$(basename "$f"): |"
       done ;;
