@@ -15,8 +15,12 @@ $(STAMP): ci/install.sh ci/requirements-cpu-vllm0.20.1.txt pyproject.toml setup.
 demo: install  ## DFlash on vLLM's CPU backend: tiny models, vllm serve, requests
 	$(PY) -m vllm_dflash.testing.demo
 
+# Two pytest workers, one test file each at a time: a single worker leaves about a
+# third of the 2-core CI machine idle (engine start-ups, servers waiting on their
+# engines). WORKERS=0 runs the suite in one process.
+WORKERS ?= 2
 test: install  ## the whole suite (unit + CPU end-to-end), as CI runs it
-	$(PY) -m pytest tests --durations=40
+	$(PY) -m pytest tests -n $(WORKERS) --dist loadfile --durations=40
 
 matrix: install  ## smoke test every other pinned vLLM (ci/matrix.toml): doctor states, lossless, diffs
 	$(PY) ci/matrix.py --mode smoke
