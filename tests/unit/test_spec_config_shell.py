@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from tests.conftest import restore_after
 from vllm_dflash.entrypoints import arg_parser as cli
 from vllm_dflash.entrypoints import argv_rebuild as spec_config_argv
 from vllm_dflash.entrypoints.speculative_config import HOW_TO_FIX
@@ -40,15 +41,22 @@ NESTED = {
 @pytest.fixture(scope="module")
 def parser():
     """The argument parser of ``vllm serve``, patched through the registry (so
-    VLLM_DFLASH_DISABLE=cli_speculative_config_shell_split turns the tests red)."""
+    VLLM_DFLASH_DISABLE=cli_speculative_config_shell_split turns the tests red).
+    Building it loads vLLM's general plugins, i.e. applies every patch of this
+    platform in this process: the module's end restores every patch target, so
+    that the test files after it in the same process see stock vLLM."""
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from vllm_dflash.catalog import PATCHES
     from vllm_dflash.registry import evaluate
 
-    cli.apply_arg()
-    evaluate(spec_config_argv.PATCH, apply=True)
-    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    with pytest.MonkeyPatch.context() as mp:
+        for patch in PATCHES:
+            restore_after(mp, patch)
+        cli.apply_arg()
+        evaluate(spec_config_argv.PATCH, apply=True)
+        yield make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
 @pytest.fixture(scope="module")
