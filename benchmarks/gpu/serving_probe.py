@@ -80,7 +80,7 @@ def requests_for(prompt: list[int]) -> dict[str, tuple[str, dict]]:
     }  # fmt: skip
 
 
-def probe(name: str, srv: VllmServer, prompt: list[int]) -> dict:
+def probe(srv: VllmServer, prompt: list[int]) -> dict:
     out: dict = {"requests": {}}
     for key, (path, body) in requests_for(prompt).items():
         t = time.monotonic()
@@ -128,7 +128,7 @@ def main() -> None:
         for v, fut in started.items():
             try:
                 fut.result()
-                result["variants"][v] = probe(v, servers[v], prompt)
+                result["variants"][v] = probe(servers[v], prompt)
             except Exception as e:  # noqa: BLE001 - reported, the others go on
                 result["variants"][v] = {"start_error": str(e)[:1500]}
     for v, srv in servers.items():
