@@ -89,10 +89,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # The plugin's entry point must be discoverable: install its metadata into the site dir.
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /root/site . \
   >"$W/pip.log" 2>&1 || { say "plugin install failed"; cat "$W/pip.log"; exit 1; }
-# The installed copy looks for the shipped trained checkpoints next to itself
-# (vllm_dflash/testing/trained.py: SHIPPED): without this link, scripts run from
-# benchmarks/gpu/ import /root/site/vllm_dflash and train the drafters again (~3 min).
-[ -e /root/fixtures ] || ln -s "$PWD/fixtures" /root/fixtures
+# The installed copy looks for the shipped trained checkpoints two levels above its
+# package (vllm_dflash/testing/trained.py: SHIPPED = /root/site/fixtures/trained):
+# without this link, scripts run from benchmarks/gpu/ import /root/site/vllm_dflash
+# and train the drafters again (~3 min).
+[ -e /root/site/fixtures ] || ln -s "$PWD/fixtures" /root/site/fixtures
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$W/device.log"
 if [ -z "${SKIP_DOCTOR:-}" ]; then
   python3 -m vllm_dflash.entrypoints.cli.main doctor --json > "$W/doctor.json" 2>"$W/doctor.err"; say "doctor rc=$?"

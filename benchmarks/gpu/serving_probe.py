@@ -38,6 +38,9 @@ K = 7
 COMMON = [
     "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
     "--max-num-seqs", "8", "--gpu-memory-utilization", "0.12",
+    # a fixed KV cache: five servers profiling at once on one GPU see each other's
+    # allocations, and one of them found no memory left for its cache
+    "--kv-cache-memory-bytes", str(1 << 30),
     "--structured-outputs-config",
     json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
 ]  # fmt: skip
