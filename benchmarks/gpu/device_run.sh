@@ -18,7 +18,7 @@
 # serving[:dense|hybrid] (tests/e2e/test_serving_features.py against GPU servers, float32; SERVING_K),
 # sampling_accept[:DTYPE] (tests/e2e/test_sampling_acceptance.py, engines on the GPU),
 # serving_probe (serving_probe.py: structured outputs, an invalid regex and logprobs on
-# no-spec / no-plugin / synchronous / DFlash servers; PROBE_VARIANTS).
+# no-spec / no-plugin / synchronous / DFlash servers; PROBE_VARIANTS, PROBE_SERVER_ARGS).
 # flashinfer
 # (flashinfer_selftest.py: the carried FlashInfer GDN prefill module vs a float64 reference).
 # GDN_PREFILL=auto|flashinfer|triton: the GDN prefill kernel of hybrid (Qwen3.5/3.6)
@@ -220,7 +220,8 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       done ;;
     serving_probe)  # serving_probe.py: structured outputs / logprobs on several servers
       timeout "${PROBE_TIMEOUT:-240}" python3 benchmarks/gpu/serving_probe.py "$W/probe" \
-        ${PROBE_VARIANTS:+--variants "$PROBE_VARIANTS"} > "$W/serving_probe.log" 2>&1
+        ${PROBE_VARIANTS:+--variants "$PROBE_VARIANTS"} \
+        ${PROBE_SERVER_ARGS:+--server-args "$PROBE_SERVER_ARGS"} > "$W/serving_probe.log" 2>&1
       say "serving_probe rc=$?"; grep '^\[serving_probe\]' "$W/serving_probe.log" | cut -c1-700
       cp "$W/probe/serving_probe.json" "$OUT/" 2>/dev/null ;;
     sampling_accept)  # tests/e2e/test_sampling_acceptance.py on the GPU; sampling_accept:DTYPE

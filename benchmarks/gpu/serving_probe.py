@@ -105,6 +105,9 @@ def main() -> None:
     ap.add_argument(
         "--variants", default="base,base_noplugin,base_sync,dflash,dflash_sync"
     )
+    ap.add_argument(
+        "--server-args", default="", help="more server arguments, e.g. --log-error-stack"
+    )
     args = ap.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
@@ -115,7 +118,7 @@ def main() -> None:
 
     servers: dict[str, VllmServer] = {}
     for v in args.variants.split(","):
-        extra = list(COMMON)
+        extra = list(COMMON) + args.server_args.split()
         env: dict[str, str] = {}
         if v.startswith("dflash"):
             extra += speculative_config_arg(drafter, K)
