@@ -221,7 +221,7 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
     serving_probe)  # serving_probe.py: structured outputs / logprobs on several servers
       timeout "${PROBE_TIMEOUT:-240}" python3 benchmarks/gpu/serving_probe.py "$W/probe" \
         ${PROBE_VARIANTS:+--variants "$PROBE_VARIANTS"} \
-        ${PROBE_SERVER_ARGS:+--server-args "$PROBE_SERVER_ARGS"} > "$W/serving_probe.log" 2>&1
+        ${PROBE_SERVER_ARGS:+"--server-args=$PROBE_SERVER_ARGS"} > "$W/serving_probe.log" 2>&1
       say "serving_probe rc=$?"; grep '^\[serving_probe\]' "$W/serving_probe.log" | cut -c1-700
       cp "$W/probe/serving_probe.json" "$OUT/" 2>/dev/null ;;
     sampling_accept)  # tests/e2e/test_sampling_acceptance.py on the GPU; sampling_accept:DTYPE
