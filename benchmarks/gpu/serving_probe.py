@@ -83,6 +83,20 @@ def requests_for(prompt: list[int]) -> dict[str, tuple[str, dict]]:
     }  # fmt: skip
 
 
+def json_valid(text: str) -> bool:
+    """``text`` is an instance of SCHEMA."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return False
+    return (
+        isinstance(obj, dict)
+        and set(obj) == {"name", "ok"}
+        and obj["name"] in ("ab", "cd")
+        and isinstance(obj["ok"], bool)
+    )
+
+
 def probe(srv: VllmServer, prompt: list[int]) -> dict:
     out: dict = {"requests": {}}
     for key, (path, body) in requests_for(prompt).items():
@@ -93,6 +107,8 @@ def probe(srv: VllmServer, prompt: list[int]) -> dict:
             lp = resp["choices"][0]["logprobs"]
             entry["tokens"] = lp["tokens"]
             entry["token_logprobs"] = lp["token_logprobs"]
+        elif status == 200:
+            entry["text"] = resp["choices"][0]["text"]
         else:
             entry["body"] = json.dumps(resp)[:1500]
         out["requests"][key] = entry
@@ -106,7 +122,9 @@ def main() -> None:
         "--variants", default="base,base_noplugin,base_sync,dflash,dflash_sync"
     )
     ap.add_argument(
-        "--server-args", default="", help="more server arguments, e.g. --log-error-stack"
+        "--server-args",
+        default="",
+        help="more server arguments, e.g. --log-error-stack",
     )
     args = ap.parse_args()
     root = Path(args.out)
@@ -157,10 +175,21 @@ def main() -> None:
             "max_abs_diff": max(diffs) if diffs else None,
             "at": worst,
         }
+    base_reqs = result["variants"].get("base", {}).get("requests", {})
+    for v, r in result["variants"].items():
+        for key, e in r.get("requests", {}).items():
+            if key == "json" and "text" in e:
+                e["valid"] = json_valid(e["text"])
+            if v != "base" and "text" in e and "text" in base_reqs.get(key, {}):
+                e["text_equal_base"] = e["text"] == base_reqs[key]["text"]
     (root / "serving_probe.json").write_text(json.dumps(result, indent=1))
     for v, r in result["variants"].items():
         reqs = r.get("requests", {})
-        summary = {k: e["status"] for k, e in reqs.items()}
+        summary = {
+            k: [e["status"]]
+            + [f"{f}={e[f]}" for f in ("valid", "text_equal_base") if f in e]
+            for k, e in reqs.items()
+        }
         vs = reqs.get("logprobs", {}).get("vs_base")
         print(f"[serving_probe] {v}: {summary or r.get('start_error', '')[:300]} "
               f"logprobs vs base: {vs}")  # fmt: skip
