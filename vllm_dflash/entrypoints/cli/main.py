@@ -46,15 +46,18 @@ def _doctor(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         from vllm_dflash.catalog import PATCHES
         from vllm_dflash.compat import platform_name, vllm_version_str
+        from vllm_dflash.entrypoints.cli.environment import structured_outputs
         from vllm_dflash.registry import apply_all
 
         results = apply_all(PATCHES, defer=False)
         hybrid_pc = _hybrid_prefix_caching()
+        structured = structured_outputs()
     report = {
         "vllm_dflash": __version__,
         "vllm": vllm_version_str(),
         "platform": platform_name(),
         "hybrid_prefix_caching": hybrid_pc,
+        "structured_outputs": structured,
         "patches": [
             {
                 "name": p.name,
@@ -78,6 +81,7 @@ def _doctor(args: argparse.Namespace) -> int:
             f"vllm-dflash {__version__} | vLLM {report['vllm']} | platform {report['platform']}"
         )
         print(f"DFlash + prefix caching on hybrid targets: {hybrid_pc}")
+        print(f"Structured outputs (this vLLM install): {structured}")
         width = max(len(p["name"]) for p in report["patches"])
         for p in report["patches"]:
             extra = f" ({p['reason']})" if p["reason"] else ""
