@@ -9,9 +9,15 @@ Prefix caching puts the hybrid target in mamba cache mode 'align' (attention
 block size 480 on that pair, vLLM's speculative GDN state copies, the drafter's
 KV in its own group); the same engine without prefix caching starts and runs.
 The tiny hybrid pair in float32 (FlexAttention) is lossless with prefix caching
-on the H200, and every CPU test is. Until the cause is found and fixed, the
-16-bit CUDA combination is refused before any weights load, in one line naming
-what works. ``VLLM_DFLASH_DISABLE=dflash_hybrid_prefix_caching_cuda_refusal``
+on the H200, and every CPU test is.
+
+Located on 2026-12-06 (H100, ``CUDA_LAUNCH_BLOCKING=1``): vLLM's speculative GDN
+kernel in the eager warm-up before the first FULL CUDA graph capture, reading state
+column ``0 - 1`` because ``dflash_gdn_zero_draft_decodes`` made that warm-up batch
+speculative with the runner's zero accepted counts; that patch now raises them to
+1 (``tests/unit/test_gdn_spec_slots.py``). Until an engine has started and run
+lossless on a GPU with the fix, the 16-bit CUDA combination stays refused before
+any weights load, in one line naming what works. ``VLLM_DFLASH_DISABLE=dflash_hybrid_prefix_caching_cuda_refusal``
 lifts the refusal (to reproduce or investigate the crash).
 """
 
@@ -48,7 +54,7 @@ def check(vllm_config: Any) -> None:
     dtype = str(model.dtype).removeprefix("torch.")
     raise HybridPrefixCachingCudaError(
         f"DFlash with prefix caching on a hybrid (mamba/Gated-DeltaNet) target in "
-        f"{dtype} on CUDA is refused: the engine crashes at start-up (illegal "
-        "memory access in FlashAttention, found 2026-12-05, not yet fixed). Run "
+        f"{dtype} on CUDA is refused: the engine crashed at start-up (illegal "
+        "memory access, 2026-12-05); its fix is not yet verified on a GPU. Run "
         "with --no-enable-prefix-caching, or --dtype float32 (verified lossless)."
     )

@@ -22,6 +22,18 @@ requests are speculative) and that sum, so the batch takes the speculative path
 with the same requests and query lengths. Only adaptive engines produce 0-draft
 speculative decodes; every other engine (decided once per builder) passes its
 counts through untouched.
+
+A batch made speculative this way also gets its accepted-token counts raised to
+at least 1. A real step's counts already are (``_prepare_inputs`` sets them), but
+vLLM's start-up warm-up before each FULL CUDA graph capture builds the GDN
+metadata from the runner's zero-initialised buffers: draft counts 0, which this
+patch turns speculative, and accepted counts 0, from which vLLM's speculative
+GDN kernel (``fused_sigmoid_gating_delta_rule_update``) reads the initial state
+slot at column ``0 - 1``, the word before its index buffer: a wild state slot
+and "an illegal memory access" (the 27B-shaped pair in bfloat16 with prefix
+caching, H100, 2026-12-06). Outside the 'align' mamba cache mode the plugin's
+GDN state replay serves that call and clamps the counts, so only prefix caching
+reached it.
 """
 
 from __future__ import annotations
@@ -36,7 +48,8 @@ _ADAPTIVE = "_vllm_dflash_adaptive"
 
 
 def keep_speculative(num_decode_draft_tokens_cpu: torch.Tensor | None):
-    """The draft counts to give the builder (a copy when changed)."""
+    """The draft counts to give the builder (a copy when changed, else the same
+    tensor)."""
     t = num_decode_draft_tokens_cpu
     if t is None:
         return t
@@ -46,6 +59,14 @@ def keep_speculative(num_decode_draft_tokens_cpu: torch.Tensor | None):
     t = t.clone()
     t[int(spec.nonzero()[0, 0])] = 1
     return t
+
+
+def at_least_one(num_accepted_tokens: torch.Tensor | None) -> torch.Tensor | None:
+    """The accepted-token counts of a batch made speculative, each at least 1 (a
+    copy; on the device, no host sync)."""
+    if num_accepted_tokens is None:
+        return None
+    return num_accepted_tokens.clamp(min=1)
 
 
 def probe() -> bool:
@@ -73,7 +94,10 @@ def apply() -> None:
             adaptive = draft_length.mode_of(self.vllm_config) == draft_length.ADAPTIVE
             setattr(self, _ADAPTIVE, adaptive)
         if adaptive and num_decode_draft_tokens_cpu is not None:
-            num_decode_draft_tokens_cpu = keep_speculative(num_decode_draft_tokens_cpu)
+            counts = keep_speculative(num_decode_draft_tokens_cpu)
+            if counts is not num_decode_draft_tokens_cpu:
+                num_decode_draft_tokens_cpu = counts
+                num_accepted_tokens = at_least_one(num_accepted_tokens)
         return stock(
             self,
             common_prefix_len,
@@ -96,7 +120,9 @@ PATCH = Patch(
     ),
     why=(
         "vLLM runs such a step as plain decodes, which read GDN state slot 0 instead "
-        "of the last accepted token's: wrong tokens after accepted drafts."
+        "of the last accepted token's: wrong tokens after accepted drafts. Such a "
+        "batch's accepted counts are raised to 1: vLLM's start-up warm-up of FULL "
+        "CUDA graphs has them at 0, which its GDN kernel reads as state column -1."
     ),
     upstream="none (0-draft speculative decodes come from vllm-dflash's adaptive mode)",
     versions=V020,

@@ -37,7 +37,10 @@ def _hybrid_prefix_caching() -> str:
     if cuda_refusal.NAME in disabled_patches():
         cuda = "; bfloat16/float16 on CUDA allowed by VLLM_DFLASH_DISABLE (it crashes)"
     else:
-        cuda = "; refused in bfloat16/float16 on CUDA (start-up crash, docs/hybrid.md)"
+        cuda = (
+            "; refused in bfloat16/float16 on CUDA (start-up crash fixed, fix not "
+            "yet verified on a GPU: docs/hybrid.md)"
+        )
     return "lossless (prefix-cache hits are exact; async scheduling included)" + cuda
 
 
