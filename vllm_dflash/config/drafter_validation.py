@@ -169,9 +169,6 @@ def validate_vllm_config(vllm_config: Any) -> None:
     if spec is None or spec.method != "dflash" or spec.draft_model_config is None:
         return
     raise_if_failed()  # a DFlash patch that could not apply: refuse, loudly
-    from vllm_dflash.config import hybrid_prefix_caching_cuda
-
-    hybrid_prefix_caching_cuda.check(vllm_config)
     target_cfg = vllm_config.model_config.hf_text_config
     validate_dflash(
         spec.draft_model_config.hf_config,
