@@ -302,6 +302,53 @@ def test_logprobs_equal_no_spec(servers, stream):
         _compare_logprobs(s_lp, b_lp)
 
 
+def _chat_logprobs(out, stream: bool) -> dict:
+    """A chat answer's ``logprobs.content`` (all chunks when streamed) as a
+    completions ``logprobs`` object (tokens, token_logprobs, top_logprobs)."""
+    choices = (
+        [ch for c in out for ch in c.get("choices", [])] if stream else [_choice(out)]
+    )
+    content = [
+        x for ch in choices for x in (ch.get("logprobs") or {}).get("content") or []
+    ]
+    return {
+        "tokens": [x["token"] for x in content],
+        "token_logprobs": [x["logprob"] for x in content],
+        "top_logprobs": [
+            {t["token"]: t["logprob"] for t in x["top_logprobs"]} for x in content
+        ],
+    }
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_chat_logprobs_equal_no_spec(servers, stream):
+    """Chat ``logprobs`` + ``top_logprobs``: the sampled token's logprob at every
+    position (accepted-draft positions included) equal to no speculation."""
+    for p in _prompts():
+        body = {
+            "messages": [{"role": "user", "content": _text(servers[0], p)}],
+            "max_tokens": GEN,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 3,
+        }
+        s, b = _both(
+            servers, "stream" if stream else "ok", "/v1/chat/completions", body
+        )
+        if stream:
+            assert _joined(s, chat=True) == _joined(b, chat=True)
+            finish = _joined(b, chat=True)[1]
+        else:
+            assert _choice(s)["message"]["content"] == _choice(b)["message"]["content"]
+            finish = _choice(b)["finish_reason"]
+        s_lp, b_lp = _chat_logprobs(s, stream), _chat_logprobs(b, stream)
+        assert len(b_lp["tokens"]) == GEN or finish == "stop", (
+            len(b_lp["tokens"]),
+            finish,
+        )
+        _compare_logprobs(s_lp, b_lp)
+
+
 def _choice_finish_stop(out, stream: bool) -> bool:
     finish = _joined(out)[1] if stream else _choice(out)["finish_reason"]
     return finish == "stop"
