@@ -652,6 +652,24 @@ def test_seed_reproducible_and_n_sampled(servers):
     assert out["usage"]["completion_tokens"] == 3 * GEN
 
 
+def test_best_of_and_beam_search_equal_no_spec(servers):
+    """``best_of`` (not a field of vLLM 0.20.x's completions request: ignored and
+    logged) and beam search (``use_beam_search``, run by the API server over
+    one-token requests with logprobs): the same choices as without speculation."""
+    p = _prompts()[2]
+    _same(
+        servers,
+        {"prompt": p, "max_tokens": GEN, "temperature": 0, "best_of": 2,
+         "ignore_eos": True},
+    )  # fmt: skip
+    body = {"prompt": p, "max_tokens": 8, "temperature": 0, "n": 2,
+            "use_beam_search": True, "ignore_eos": True}  # fmt: skip
+    s, b = _both(servers, "ok", "/v1/completions", body)
+    assert len(b["choices"]) == 2
+    assert [c["text"] for c in s["choices"]] == [c["text"] for c in b["choices"]]
+    assert s["usage"] == b["usage"]
+
+
 # ---------------------------------------------------------------- bad requests
 
 
