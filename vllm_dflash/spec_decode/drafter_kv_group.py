@@ -23,6 +23,13 @@ Only in DFlash engines, only when the specs differ in nothing but the head count
 and size at equal bytes per token, and not next to vLLM's speculative GDN state
 copies (``merge_specs``). With
 ``dflash_gdn_state_replay`` the 27B-shaped pair holds 11% more 8k requests.
+
+Not for vLLM's CUDA-graph memory estimate: ``profile_cudagraph_memory`` builds a
+temporary KV cache of ``max_cudagraph_capture_size`` blocks *per layer slot of a
+group* (``_init_minimal_kv_cache_for_profiling``), so a 21-layer group makes it
+21 x 512 blocks of 2.1 MiB on the 27B-shaped pair (22.9 GiB, beside 53.5 GiB of
+weights: out of memory on an 80 GB GPU, 2026-12-06). That cache is built with
+vLLM's own grouping (5 layers a group there); the real cache is merged.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ logger = init_logger(__name__)
 
 NAME = "dflash_drafter_kv_shared_group"
 TRUE_SHAPES_ATTR = "_vllm_dflash_drafter_kv_true_shapes"
+PROFILING_ATTR = "_vllm_dflash_profiling_kv_cache"  # set while vLLM sizes graphs
 _PROBE_BLOCKS, _PROBE_BLOCK_SIZE = 3, 16
 
 
@@ -174,6 +182,40 @@ def own_spec(group_spec: Any, layer_spec: Any) -> Any:
     )
 
 
+def runner_specs(runner: Any, specs: dict[str, Any]) -> dict[str, Any]:
+    """The runner's KV specs with the drafter's layers merged where they can be,
+    except for vLLM's CUDA-graph profiling cache (``profiling_cache``)."""
+    if not _applies(runner):
+        return specs
+    if getattr(runner, PROFILING_ATTR, False):
+        setattr(runner, TRUE_SHAPES_ATTR, {})
+        return specs
+    merged, true = merge_specs(specs, set(runner.drafter._draft_attn_layer_names))
+    if true:
+        first = next(iter(true))
+        logger.info(
+            "DFlash drafter KV in the target's attention KV-cache group: %d "
+            "drafter layers (%d KV heads of %d) take the target's spec (%d of %d; "
+            "same bytes per token)",
+            len(true), *true[first], merged[first].num_kv_heads,
+            merged[first].head_size,
+        )  # fmt: skip
+    setattr(runner, TRUE_SHAPES_ATTR, true)
+    return merged
+
+
+def profiling_cache(runner: Any, stock: Any) -> Any:
+    """vLLM's ``_init_minimal_kv_cache_for_profiling`` with vLLM's own grouping
+    (its cache has a fixed block count per layer slot of a group)."""
+    if not _applies(runner):
+        return stock(runner)
+    setattr(runner, PROFILING_ATTR, True)
+    try:
+        return stock(runner)
+    finally:
+        setattr(runner, PROFILING_ATTR, False)
+
+
 def apply() -> None:
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -181,23 +223,10 @@ def apply() -> None:
     stock_spec = GPUModelRunner.get_kv_cache_spec
     stock_reshape = GPUModelRunner._reshape_kv_cache_tensors
     stock_draft_backend = SpecDecodeBaseProposer.initialize_attn_backend
+    stock_profiling_cache = GPUModelRunner._init_minimal_kv_cache_for_profiling
 
     def get_kv_cache_spec(self):
-        specs = stock_spec(self)
-        if not _applies(self):
-            return specs
-        merged, true = merge_specs(specs, set(self.drafter._draft_attn_layer_names))
-        if true:
-            first = next(iter(true))
-            logger.info(
-                "DFlash drafter KV in the target's attention KV-cache group: %d "
-                "drafter layers (%d KV heads of %d) take the target's spec (%d of %d; "
-                "same bytes per token)",
-                len(true), *true[first], merged[first].num_kv_heads,
-                merged[first].head_size,
-            )  # fmt: skip
-        setattr(self, TRUE_SHAPES_ATTR, true)
-        return merged
+        return runner_specs(self, stock_spec(self))
 
     def _reshape_kv_cache_tensors(self, kv_cache_raw_tensors, kernel_block_sizes):
         caches = stock_reshape(self, kv_cache_raw_tensors, kernel_block_sizes)
@@ -242,7 +271,16 @@ def apply() -> None:
                     self.vllm_config, self.device, kernel_block_size=kernel
                 )
 
+    def _init_minimal_kv_cache_for_profiling(self):
+        return profiling_cache(self, stock_profiling_cache)
+
     replace_attr(GPUModelRunner, "get_kv_cache_spec", get_kv_cache_spec, NAME)
+    replace_attr(
+        GPUModelRunner,
+        "_init_minimal_kv_cache_for_profiling",
+        _init_minimal_kv_cache_for_profiling,
+        NAME,
+    )
     replace_attr(
         GPUModelRunner, "_reshape_kv_cache_tensors", _reshape_kv_cache_tensors, NAME
     )
@@ -260,6 +298,8 @@ PATCH = Patch(
     targets=(
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_kv_cache_spec",
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner._reshape_kv_cache_tensors",
+        "vllm.v1.worker.gpu_model_runner:"
+        "GPUModelRunner._init_minimal_kv_cache_for_profiling",
         "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
         ".initialize_attn_backend",
     ),

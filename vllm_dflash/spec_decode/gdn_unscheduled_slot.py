@@ -36,10 +36,18 @@ _APPLIES = "_vllm_dflash_gdn_slot_fix"
 
 
 def _applies(runner: Any) -> bool:
+    """Outside 'align' mode; in it only with the GDN state replay, whose next
+    step commits the returning request's records by this count (vLLM's 'align'
+    path moves its 1 + k state copies by the count it already holds)."""
+    from vllm_dflash.layers.gdn_state_replay import config_replays
+
     return (
         uses_dflash(runner)
         and getattr(runner.model_config, "is_hybrid", False)
-        and runner.cache_config.mamba_cache_mode != "align"
+        and (
+            runner.cache_config.mamba_cache_mode != "align"
+            or config_replays(runner.vllm_config)
+        )
     )
 
 
