@@ -88,11 +88,6 @@ def _engine(block_ids: list[int], computed: int, accepted: int):
     return layer, config, funcs, bufs, batch, requests
 
 
-def _do_copy(bufs) -> None:
-    n = bufs.offset
-    _batch_memcpy(bufs.src_ptrs.cpu[:n], bufs.dst_ptrs.cpu[:n], bufs.sizes.cpu[:n])
-
-
 def _committed(layer, slot: int, count: int) -> torch.Tensor:
     """The state of ``slot`` after its first ``count`` records (the reference)."""
     state, ring = layer.kv_cache[1].clone(), layer.kv_cache[2].clone()
@@ -128,7 +123,7 @@ def test_boundary_state_is_the_records_up_to_it(computed, accepted, src, dest, b
     )
     align.postprocess(
         out, config, batch, requests, {"r": src}, {"gdn": layer}, funcs, bufs,
-        collect=mamba_utils.collect_mamba_copy_meta, do_copy=_do_copy,
+        collect=mamba_utils.collect_mamba_copy_meta, memcpy=_batch_memcpy,
         layout_of=lambda _: LAYOUT,
     )  # fmt: skip
     torch.testing.assert_close(state[d_blk], want_state, rtol=0, atol=0)
@@ -153,7 +148,7 @@ def test_no_boundary_no_work():
     )
     align.postprocess(
         out, config, batch, requests, {"r": 1}, {"gdn": layer}, funcs, bufs,
-        collect=mamba_utils.collect_mamba_copy_meta, do_copy=_do_copy,
+        collect=mamba_utils.collect_mamba_copy_meta, memcpy=_batch_memcpy,
         layout_of=lambda _: LAYOUT,
     )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(before, layer.kv_cache, strict=True))

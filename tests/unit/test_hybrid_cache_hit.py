@@ -123,6 +123,9 @@ def test_doctor_states_the_mode(monkeypatch):
 
     monkeypatch.setattr(hits, "exact_hits", lambda: True)
     assert main._hybrid_prefix_caching().startswith("lossless")
+    assert "one GDN state" in main._hybrid_prefix_caching()
+    monkeypatch.setenv("VLLM_DFLASH_DISABLE", "dflash_gdn_state_replay")
+    assert "1 + k GDN states" in main._hybrid_prefix_caching()
     monkeypatch.setattr(hits, "exact_hits", lambda: False)
     assert main._hybrid_prefix_caching().startswith("refused")
 

@@ -143,12 +143,12 @@ def postprocess(
     mamba_state_copy_funcs: tuple[Any, ...],
     copy_bufs: Any,
     collect: Callable[..., None],
-    do_copy: Callable[[Any], None],
+    memcpy: Callable[..., None],
     layout_of: LayerLayout,
 ) -> None:
     """vLLM's ``postprocess_mamba`` for replay pages (see the module docstring).
-    ``collect``/``do_copy``: vLLM's ``collect_mamba_copy_meta`` and
-    ``do_mamba_copy_block``."""
+    ``collect``/``memcpy``: vLLM's ``collect_mamba_copy_meta`` and
+    ``batch_memcpy``."""
     group_ids = copy_bufs.mamba_group_ids
     block_size = copy_bufs.mamba_spec.block_size
     rows = boundary_rows(
@@ -157,8 +157,7 @@ def postprocess(
     if not rows:
         return
 
-    def copy(funcs: tuple[Any, ...], moved_only: bool) -> None:
-        copy_bufs.offset = 0
+    def collect_all(funcs: tuple[Any, ...], moved_only: bool) -> None:
         for _, req_id, src, dest, bias in rows:
             if moved_only and src == dest:
                 continue
@@ -166,12 +165,14 @@ def postprocess(
                 copy_bufs, kv_cache_config, funcs, group_ids, src, dest, bias,
                 requests[req_id], forward_context,
             )  # fmt: skip
-        do_copy(copy_bufs)
 
     # the page (ring included) to the boundary block, then the conv state there
-    # shifted to the boundary: two launches, in this order
-    copy((page_copy_spec,), moved_only=True)
-    copy(mamba_state_copy_funcs[:1], moved_only=False)
+    # shifted to the boundary: one upload of both tables, two launches in order
+    copy_bufs.offset = 0
+    collect_all((page_copy_spec,), moved_only=True)
+    pages = copy_bufs.offset
+    collect_all(mamba_state_copy_funcs[:1], moved_only=False)
+    launch_in_two(copy_bufs, pages, memcpy)
 
     counts = [bias + 1 for *_, bias in rows]
     for gid in group_ids:
@@ -183,6 +184,21 @@ def postprocess(
     for i, _, src, dest, _ in rows:
         if src == dest:  # the running state is now the boundary's
             input_batch.num_accepted_tokens_cpu[i] = 1
+
+
+def launch_in_two(copy_bufs: Any, first: int, memcpy: Callable[..., None]) -> None:
+    """Copy entries ``[0, first)``, then ``[first, offset)`` of ``copy_bufs``: one
+    host-to-device upload (refilling the pinned tables while an upload may still
+    read them would race), two launches on the stream, in order."""
+    n = copy_bufs.offset
+    if n == 0:
+        return
+    src = copy_bufs.src_ptrs.copy_to_gpu(n)
+    dst = copy_bufs.dst_ptrs.copy_to_gpu(n)
+    sizes = copy_bufs.sizes.copy_to_gpu(n)
+    for lo, hi in ((0, first), (first, n)):
+        if hi > lo:
+            memcpy(src[lo:hi], dst[lo:hi], sizes[lo:hi])
 
 
 def commit_at(

@@ -467,7 +467,7 @@ def _apply_align() -> None:
         return align.postprocess(
             *args,
             collect=mamba_utils.collect_mamba_copy_meta,
-            do_copy=mamba_utils.do_mamba_copy_block,
+            memcpy=mamba_utils.batch_memcpy,
             layout_of=layer_layout,
         )
 

@@ -209,11 +209,16 @@ def profiling_cache(runner: Any, stock: Any) -> Any:
     (its cache has a fixed block count per layer slot of a group)."""
     if not _applies(runner):
         return stock(runner)
+    # the engine asked for the (merged) specs before profiling and does not ask
+    # again: the real cache's re-view needs the drafter shapes found then
+    true = getattr(runner, TRUE_SHAPES_ATTR, None)
     setattr(runner, PROFILING_ATTR, True)
     try:
         return stock(runner)
     finally:
         setattr(runner, PROFILING_ATTR, False)
+        if true is not None:
+            setattr(runner, TRUE_SHAPES_ATTR, true)
 
 
 def apply() -> None:

@@ -31,11 +31,18 @@ def _hybrid_prefix_caching() -> str:
             f"scheduling refused at start-up ({align_order.NAME} "
             f"{blocked.state.value})"
         )
+    from vllm_dflash.layers import gdn_state_replay
+
+    replay = gate(gdn_state_replay.PATCH)
+    memory = (
+        "one GDN state + record ring a request (dflash_gdn_state_replay)"
+        if replay is None
+        else f"vLLM's 1 + k GDN states a request (dflash_gdn_state_replay "
+        f"{replay.state.value}), so fewer requests fit"
+    )
     return (
         "lossless (prefix-cache hits are exact; async scheduling included; "
-        "measured exact on CPU and in float32 on CUDA, bfloat16 on CUDA starts "
-        "and runs); vLLM's 'align' mode keeps 1 + k GDN states a request, so "
-        "fewer requests fit (docs/hybrid.md)"
+        f"measured on CPU and CUDA, docs/hybrid.md); {memory}"
     )
 
 
