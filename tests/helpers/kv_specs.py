@@ -40,8 +40,10 @@ def vllm_config_for(
     kv_cache_dtype: str,
     max_model_len: int = 8192,
     method: str = "dflash",
+    mamba_cache_mode: str = "none",
 ) -> SimpleNamespace:
-    """A stand-in VllmConfig with vLLM's real CacheConfig."""
+    """A stand-in VllmConfig with vLLM's real CacheConfig ('align': prefix caching
+    on a hybrid target)."""
     from vllm.config import CacheConfig
 
     t = target.get("text_config") or target
@@ -65,6 +67,7 @@ def vllm_config_for(
     cache_config = CacheConfig(cache_dtype=kv_cache_dtype)
     cache_config.block_size = 16
     cache_config.mamba_block_size = None
+    cache_config.mamba_cache_mode = mamba_cache_mode
     return SimpleNamespace(
         model_config=model_config,
         cache_config=cache_config,

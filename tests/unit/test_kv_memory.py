@@ -41,20 +41,21 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("mode", ["none", "align"])
 @pytest.mark.parametrize(
     "replay,shared", [(True, True), (True, False), (False, False)],
     ids=["plugin", "replay-only", "vllm"],
 )  # fmt: skip
 @pytest.mark.parametrize("shapes", ["tiny", "27b"])
 @pytest.mark.parametrize("with_drafter,k,kv", CASES)
-def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay, shared):
+def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay, shared, mode):
     target, drafter = _tiny() if shapes == "tiny" else kv_specs.load_27b()
     if shapes == "tiny" and with_drafter:
         k = min(k, drafter["block_size"] - 1)
     drafter = drafter if with_drafter else None
     replay = replay and drafter is not None
     available = int((0.05 if shapes == "tiny" else 61.57) * GIB)
-    vc = kv_specs.vllm_config_for(target, k, kv)
+    vc = kv_specs.vllm_config_for(target, k, kv, mamba_cache_mode=mode)
     cc = SimpleNamespace(cache_dtype=kv) if drafter else None
     specs = kv_specs.build_specs(
         target, drafter, vc, cc, gdn_replay=replay, drafter_kv_shared=shared
@@ -62,7 +63,7 @@ def test_plan_equals_vllm_layout(shapes, with_drafter, k, kv, replay, shared):
     vllm = kv_specs.layout(vc, specs, available)
     p = kv_memory.plan(
         target, drafter, k, kv, context=8192, gdn_replay=replay,
-        drafter_kv_shared=shared,
+        drafter_kv_shared=shared, prefix_caching=mode == "align",
     )  # fmt: skip
     assert p.error is None
     assert p.block_size == vllm["block_size"]
@@ -104,6 +105,23 @@ def test_27b_h200_numbers():
     base = kv_memory.available_kv_bytes(140.4, 0.85, weights, 3.2)
     assert dflash.max_concurrency(avail) == pytest.approx(26.9, rel=0.02)
     assert nospec.max_concurrency(base) == pytest.approx(111.3, rel=0.01)
+
+
+def test_27b_h100_prefix_caching_numbers():
+    """The H100 chat engine (2026-12-06, 7d29628): DFlash k = 15 + prefix caching
+    with vLLM's 1 + k GDN copies had 7.99 GiB of KV memory and a max concurrency of
+    3.36 at 8k. The plugin's layout in the same memory: 8.32 (one GDN state + ring,
+    drafter in the target's group)."""
+    target, drafter = kv_specs.load_27b()
+    mem = int(7.99 * GIB)
+    copies = kv_memory.plan(
+        target, drafter, 15, "auto", 8192, gdn_replay=False,
+        drafter_kv_shared=False, prefix_caching=True,
+    )  # fmt: skip
+    plugin = kv_memory.plan(target, drafter, 15, "auto", 8192, prefix_caching=True)
+    assert copies.max_concurrency(mem) == pytest.approx(3.36, abs=0.01)
+    assert (copies.block_size, plugin.block_size) == (480, 544)
+    assert round(plugin.max_concurrency(mem), 2) == 8.32
 
 
 def test_stock_fp8_reports_the_assertion():

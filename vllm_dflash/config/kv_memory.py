@@ -225,8 +225,13 @@ def plan(
     mamba_ssm_cache_dtype: str = "auto",
     gdn_replay: bool = True,
     drafter_kv_shared: bool = True,
+    prefix_caching: bool = False,
 ) -> KVPlan:
     """KV layout of ``target`` (+ ``drafter`` at ``num_spec`` draft tokens).
+
+    ``prefix_caching``: hybrid targets run vLLM's 'align' mamba cache mode, where a
+    request holds one GDN block more than its states (the block of the state it
+    moves from: ``MambaSpec.max_memory_usage_bytes`` counts ``2 + k`` pages).
 
     ``gdn_replay``: hybrid targets with a drafter keep one GDN state + record
     ring per request (``dflash_gdn_state_replay``, the plugin's default); False:
@@ -308,7 +313,7 @@ def plan(
     blocks_of: dict[str, int] = {}
     for label, (_, tok) in specs.items():
         if tok is None:
-            blocks_of[label] = copies
+            blocks_of[label] = copies + (1 if prefix_caching else 0)
             continue
         layer_page = block * tok
         if layer_page > page:

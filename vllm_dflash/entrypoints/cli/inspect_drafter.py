@@ -115,23 +115,31 @@ def memory_report(
     drafter_params: int | None = None,
     target_params: int | None = None,
     gdn_replay: bool = True,
+    prefix_caching: bool = False,
 ) -> dict[str, Any]:
     """Per-request GDN state / KV bytes and max concurrency (vLLM 0.20.1 + plugin).
 
     ``gdn_replay``: hybrid targets keep one GDN state + record ring per request
-    (the plugin's ``dflash_gdn_state_replay``); False: vLLM's 1 + k copies."""
+    (the plugin's ``dflash_gdn_state_replay``); False: vLLM's 1 + k copies.
+    ``prefix_caching``: the 'align' mamba cache mode (no speculation too)."""
     k = num_speculative_tokens or max(1, (drafter.get("block_size") or 16) - 1)
     tp = tensor_parallel_size
 
     def plan_k(kk: int, kv: str = kv_cache_dtype, replay: bool = gdn_replay):
-        return kv_memory.plan(target, drafter, kk, kv, context, tp, gdn_replay=replay)
+        return kv_memory.plan(
+            target, drafter, kk, kv, context, tp, gdn_replay=replay,
+            prefix_caching=prefix_caching,
+        )  # fmt: skip
 
     p = plan_k(k)
-    base = kv_memory.plan(target, None, 0, kv_cache_dtype, context, tp)
+    base = kv_memory.plan(
+        target, None, 0, kv_cache_dtype, context, tp, prefix_caching=prefix_caching
+    )
     out: dict[str, Any] = {
         "num_speculative_tokens": k,
         "kv_cache_dtype": kv_cache_dtype,
         "context": context,
+        "prefix_caching": prefix_caching,
         "tensor_parallel_size": tp,
         "hybrid": p.hybrid,
         "target_kv_bytes_per_token": p.target_kv_per_token,

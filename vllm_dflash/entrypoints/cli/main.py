@@ -113,6 +113,7 @@ def _inspect(args: argparse.Namespace) -> int:
         "tensor_parallel_size": args.tensor_parallel_size,
         "want_concurrency": args.want_concurrency,
         "gdn_replay": not args.vllm_gdn_copies,
+        "prefix_caching": args.prefix_caching,
     }
     try:
         report = inspect_drafter(args.drafter, args.target, memory=memory)
@@ -174,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="hybrid targets: vLLM's 1 + k GDN state copies per request (the "
         "plugin's dflash_gdn_state_replay disabled) instead of one state + ring",
+    )
+    mem.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="hybrid targets: vLLM's 'align' mamba cache mode (one GDN page more "
+        "per request)",
     )
     mem.add_argument(
         "--want-concurrency",
