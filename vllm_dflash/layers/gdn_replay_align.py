@@ -61,12 +61,7 @@ def page_copy_spec(
     return MambaCopySpec(start_addr=page.data_ptr(), num_elements=state.stride(0))
 
 
-def _mamba_layer_names(kv_cache_config: Any, group_ids: list[int]) -> list[str]:
-    return [
-        name
-        for gid in group_ids
-        for name in kv_cache_config.kv_cache_groups[gid].layer_names
-    ]
+_REPLAYS_ATTR = "_vllm_dflash_replays"  # decided once per runner's copy buffers
 
 
 def engine_replays(
@@ -75,8 +70,17 @@ def engine_replays(
     forward_context: dict[str, Any],
     replays: LayerReplays,
 ) -> bool:
-    names = _mamba_layer_names(kv_cache_config, copy_bufs.mamba_group_ids)
-    return bool(names) and replays(forward_context[names[0]])
+    """Whether the engine's GDN layers replay (decided once per runner: its copy
+    buffers live as long as its KV-cache config)."""
+    known = getattr(copy_bufs, _REPLAYS_ATTR, None)
+    if known is None:
+        groups = kv_cache_config.kv_cache_groups
+        names = [
+            n for gid in copy_bufs.mamba_group_ids for n in groups[gid].layer_names
+        ]
+        known = bool(names) and replays(forward_context[names[0]])
+        setattr(copy_bufs, _REPLAYS_ATTR, known)
+    return known
 
 
 def preprocess(
