@@ -61,7 +61,7 @@ def page_copy_spec(
     return MambaCopySpec(start_addr=page.data_ptr(), num_elements=state.stride(0))
 
 
-_REPLAYS_ATTR = "_vllm_dflash_replays"  # decided once per runner's copy buffers
+_REPLAYS_ATTR = "_vllm_dflash_engine_replays"  # on the runner's copy buffers
 
 
 def engine_replays(
@@ -74,11 +74,8 @@ def engine_replays(
     buffers live as long as its KV-cache config)."""
     known = getattr(copy_bufs, _REPLAYS_ATTR, None)
     if known is None:
-        groups = kv_cache_config.kv_cache_groups
-        names = [
-            n for gid in copy_bufs.mamba_group_ids for n in groups[gid].layer_names
-        ]
-        known = bool(names) and replays(forward_context[names[0]])
+        group = kv_cache_config.kv_cache_groups[copy_bufs.mamba_group_ids[0]]
+        known = replays(forward_context[group.layer_names[0]])
         setattr(copy_bufs, _REPLAYS_ATTR, known)
     return known
 
