@@ -73,6 +73,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument(
+        "--sync-scheduling", action="store_true",
+        help="async_scheduling=False (vLLM's synchronous scheduler)",
+    )  # fmt: skip
+    ap.add_argument(
         "--prefix-caching", action="store_true",
         help="enable_prefix_caching=True (vLLM 0.20.1 leaves it off for hybrid targets)",
     )  # fmt: skip
@@ -104,6 +108,8 @@ def main() -> None:
         extra["enable_prefix_caching"] = True
     if args.max_num_batched_tokens:
         extra["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.sync_scheduling:
+        extra["async_scheduling"] = False
     if torch_prefill:
         # "triton" selects ChunkGatedDeltaRule.forward_native, which calls the
         # module-level fla_chunk_gated_delta_rule: replaced here (harness only).
