@@ -14,6 +14,7 @@
 # HYBRID_DEADLINE seconds, HYBRID_ARGS extra arguments, e.g. --graphs), serve[:DTYPE]
 # (serve_check.py: vllm serve + OpenAI client on the tiny hybrid pair; SERVE_ARGS), prefix
 # (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32),
+# prefix_crash (prefix_crash.sh: the open CUDA crash with prefix caching: guarded run + 3 variants; CRASH_TIMEOUT),
 # chat (multiturn_chat.py: the 27B-shaped pair on a multi-turn chat workload; CHAT_ARGS),
 # serving[:dense|hybrid] (tests/e2e/test_serving_features.py against GPU servers, float32; SERVING_K),
 # sampling_accept[:DTYPE] (tests/e2e/test_sampling_acceptance.py, engines on the GPU),
@@ -194,6 +195,9 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
       say "prefix rc=$?"; grep '^\[prefix_caching_check\]' "$W/prefix.log" | cut -c1-1500
       (cd "$W/prefix" && tar -cJf "$OUT/prefix-runs.tar.xz" summary.json ./*.jsonl \
         ./*.json) 2>/dev/null ;;
+    prefix_crash)  # prefix_crash.sh: the CUDA crash of DFlash + prefix caching, 4 variants
+      W=$W OUT=$OUT bash benchmarks/gpu/prefix_crash.sh
+      say "prefix_crash done" ;;
     chat)  # multiturn_chat.py: 27B-shaped pair, multi-turn chat, prefix caching x DFlash
       # CHAT_TAG: one log and result file per tag (several chat runs in one call, W_KEEP=1)
       local tag=${CHAT_TAG:+-$CHAT_TAG}
