@@ -36,8 +36,7 @@ def _hybrid_prefix_caching() -> str:
     replay = gate(gdn_state_replay.PATCH)
     memory = (
         "one GDN state + record ring a request (dflash_gdn_state_replay; measured "
-        "exact on CPU and in float32 on CUDA; one CUDA workload crashed, cause open: "
-        "docs/hybrid.md)"
+        "exact on CPU and in float32 on CUDA: docs/hybrid.md)"
         if replay is None
         else f"vLLM's 1 + k GDN states a request (dflash_gdn_state_replay "
         f"{replay.state.value}; measured exact on CPU and in float32 on CUDA), so "
