@@ -33,6 +33,7 @@ from vllm_dflash.layers import gdn_state_replay
 from vllm_dflash.registry import Patch
 from vllm_dflash.spec_decode import (
     aux_layers,
+    context_end,
     context_only_pass,
     cudagraph_memory,
     drafter_kv_dtype,
@@ -76,6 +77,7 @@ PATCHES: tuple[Patch, ...] = (
     *gdn.PATCH_RECORDS,
     weights.PATCH,  # after cpu_gdn_conv1d_weight: wraps the same CPU dispatch
     mrope_positions.PATCH,
+    context_end.PATCH,  # after mrope_positions: wraps the same first pass
     drafter_mm_gather.PATCH,
     hybrid_cache_hit.PATCH,
     hybrid_cache_hit.TRUNCATE_PATCH,

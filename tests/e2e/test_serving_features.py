@@ -269,10 +269,38 @@ def _compare_logprobs(s: dict, b: dict, top: int = 3) -> None:
         # A near-tie at the edge of the top k may swap the k-th token.
         if len(ordered) > top and ordered[top - 1] - ordered[top] < 2e-3:
             continue
-        assert set(ts) == set(tb), (i, ts, tb)
+        assert set(ts) == set(tb) or _edge_swap(ts, tb), (i, ts, tb)
         for tok, lp in tb.items():
             if tok in ts:
                 assert ts[tok] == pytest.approx(lp, abs=1e-3), (i, tok)
+
+
+def _edge_swap(ts: dict, tb: dict, tol: float = 2e-3) -> bool:
+    """The top-k sets differ only in their last member, and the two swapped
+    tokens tie within ``tol`` (each server ranks its own one higher: a near-tie
+    at the cut, as float32 verify and decode kernels round differently on a GPU).
+    The sampled token's entry (a (k+1)-th, when it is outside the top k) counts
+    as a member of both sets."""
+    only_s, only_b = set(ts) - set(tb), set(tb) - set(ts)
+    if len(only_s) != 1 or len(only_b) != 1:
+        return False
+    (a,), (b,) = only_s, only_b
+    return (
+        ts[a] == min(ts.values())
+        and tb[b] == min(tb.values())
+        and abs(ts[a] - tb[b]) < tol
+    )
+
+
+def test_edge_swap_excuses_only_a_tie_at_the_cut():
+    """No server: the rule the logprob comparisons above use on a GPU (an H100
+    float32 run swapped the 3rd token at a 1.6e-5 tie)."""
+    b = {"at": -4.3145, "gv": -4.3515, "hd": -5.002955}
+    assert _edge_swap({"at": -4.3142, "gv": -4.3513, "gm": -5.002940}, b)
+    # the swapped token is not the last one, or the tie is not a tie
+    assert not _edge_swap({"gm": -4.3142, "gv": -4.3513, "hd": -5.002940}, b)
+    assert not _edge_swap({"at": -4.3142, "gv": -4.3513, "gm": -5.1}, b)
+    assert not _edge_swap({"at": -4.3, "xx": -4.4, "yy": -5.0}, b)
 
 
 def _stream_logprobs(chunks: list[dict]) -> dict:
@@ -712,9 +740,18 @@ def test_bad_requests_rejected_like_no_spec(servers):
     _same(
         servers, {"prompt": p, "max_tokens": GEN, "temperature": 0, "ignore_eos": True}
     )
-    # A request up to the context's end still works (and matches).
+
+
+def test_generation_up_to_the_context_end(servers):
+    """A request that generates up to ``max_model_len``: the last draft blocks
+    reach past the context (their positions and KV slots beyond it)."""
+    p = _prompts()[0]
     _same(servers, {"prompt": p, "max_tokens": MAX_LEN - len(p), "temperature": 0,
                     "ignore_eos": True})  # fmt: skip
+    # and the server goes on serving
+    _same(
+        servers, {"prompt": p, "max_tokens": GEN, "temperature": 0, "ignore_eos": True}
+    )
 
 
 def _unstamped(out: dict) -> str:
