@@ -393,12 +393,80 @@ def _base_tokens(api: Api, p: list[int], **extra) -> dict:
 def _same(servers, body: dict, usage: bool = True) -> tuple[dict, dict]:
     s, b = _both(servers, "ok", "/v1/completions", body)
     sc, bc = _choice(s), _choice(b)
-    assert sc["text"] == bc["text"], (body, sc["text"], bc["text"])
+    if sc["text"] != bc["text"]:
+        why, tie = _divergence(servers, body)
+        # CUDA float32: verify and decode kernels round differently, so a greedy
+        # choice may flip at a near-tie (as gpu_check.py excuses). CPU: exact.
+        if not (tie and _on_cuda()):
+            pytest.fail(f"{body}: {why}; DFlash {sc['text']!r} vs {bc['text']!r}")
+        return s, b
     assert sc["finish_reason"] == bc["finish_reason"], (body, sc, bc)
     assert sc.get("stop_reason") == bc.get("stop_reason"), (body, sc, bc)
     if usage:
         assert s["usage"] == b["usage"], (body, s["usage"], b["usage"])
     return s, b
+
+
+def _on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _divergence(servers, body: dict, tie: float = 2e-3) -> tuple[str, bool]:
+    """Where the DFlash output first leaves the no-spec output, and whether the
+    two tokens there tie within ``tie`` in the no-spec server's raw logprobs
+    (the prompt plus the common prefix, one token)."""
+    probe = {**body, "return_token_ids": True, "logprobs": 0}
+    s, b = (_choice(api.ok("/v1/completions", probe)) for api in servers)
+    si, bi = s["token_ids"], b["token_ids"]
+    i = next((j for j, (x, y) in enumerate(zip(si, bi, strict=False)) if x != y), None)
+    if i is None:
+        return f"token ids equal over {min(len(si), len(bi))} tokens", False
+    st, bt = s["logprobs"]["tokens"][i], b["logprobs"]["tokens"][i]
+    nxt = {"prompt": list(body["prompt"]) + bi[:i], "max_tokens": 1,
+           "temperature": 0, "ignore_eos": True, "logprobs": 20}  # fmt: skip
+    top = _choice(servers[1].ok("/v1/completions", nxt))["logprobs"]["top_logprobs"][0]
+    if st not in top or bt not in top:
+        return (
+            f"token {i}: DFlash {st!r}, no-spec {bt!r} (not both in its top 20)",
+            False,
+        )
+    gap = top[bt] - top[st]
+    near = abs(gap) < tie
+    return f"token {i}: DFlash {st!r}, no-spec {bt!r}, logprob gap {gap:.2e}", near
+
+
+class _Canned:
+    """Stands in for a server: its greedy tokens, and top logprobs after them."""
+
+    def __init__(self, ids: list[int], top: dict[str, float]) -> None:
+        self.ids, self.top = ids, top
+
+    def ok(self, path: str, body: dict) -> dict:
+        if body["max_tokens"] == 1:  # the no-spec server's next-token logprobs
+            assert body["prompt"] == [5, 6, 1, 2]  # the prompt + the common prefix
+            return {"choices": [{"logprobs": {"top_logprobs": [self.top]}}]}
+        toks = [f"t{i}" for i in self.ids]
+        return {"choices": [{"token_ids": self.ids, "logprobs": {"tokens": toks}}]}
+
+
+def test_divergence_names_the_token_and_its_tie():
+    """No server: how a greedy mismatch is reported and when it counts as a
+    float near-tie (excused on CUDA only)."""
+    body = {"prompt": [5, 6], "max_tokens": 4}
+    near = {"t3": -0.6931, "t9": -0.6935}
+    why, tie = _divergence(
+        (_Canned([1, 2, 9, 4], {}), _Canned([1, 2, 3, 4], near)), body
+    )
+    assert tie and "token 2" in why and "'t9'" in why, why
+    far = {"t3": -0.1, "t9": -2.5}
+    why, tie = _divergence((_Canned([1, 2, 9], {}), _Canned([1, 2, 3], far)), body)
+    assert not tie and "gap 2.40e+00" in why, why
+    why, tie = _divergence(
+        (_Canned([1, 2, 9], {}), _Canned([1, 2, 3], {"t3": 0})), body
+    )
+    assert not tie and "not both" in why
 
 
 def _stop_cases(base: Api):
