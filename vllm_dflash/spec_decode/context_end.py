@@ -141,20 +141,8 @@ def apply() -> None:
 
     stock = dflash.DFlashProposer.set_inputs_first_pass
 
-    def set_inputs_first_pass(
-        self,
-        target_token_ids: torch.Tensor,
-        next_token_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor,
-        token_indices_to_sample: torch.Tensor | None,
-        cad,
-        num_rejected_tokens_gpu: torch.Tensor | None,
-    ):
-        num_query, indices, new_cad = stock(
-            self, target_token_ids, next_token_ids, target_positions,
-            target_hidden_states, token_indices_to_sample, cad, num_rejected_tokens_gpu,
-        )  # fmt: skip
+    def set_inputs_first_pass(self, *args, **kwargs):
+        num_query, indices, new_cad = stock(self, *args, **kwargs)
         # max_seq_len: the host's upper bound of the step (no device read)
         if new_cad.max_seq_len > self.max_model_len:
             new_cad = cap_at_context_end(
