@@ -31,6 +31,7 @@ from vllm_dflash.engine import stop_strings
 from vllm_dflash.entrypoints import arg_parser, argv_rebuild
 from vllm_dflash.layers import gdn_state_replay
 from vllm_dflash.registry import Patch
+from vllm_dflash.sample import min_tokens
 from vllm_dflash.spec_decode import (
     aux_layers,
     context_end,
@@ -89,6 +90,7 @@ PATCHES: tuple[Patch, ...] = (
     # rows that return to the batch after it
     hybrid_align_accepted_order.PATCH,
     gdn_unscheduled_slot.PATCH,
+    min_tokens.PATCH,  # after gdn_unscheduled_slot: wraps the same _update_states
     hybrid_accepted_sync.PATCH,
     gdn_shared_metadata.PATCH,
     gdn_state_replay.PATCH,  # after gdn_shared_metadata: wraps the same build

@@ -16,7 +16,9 @@
 # (prefix_caching_check.py: DFlash + prefix caching on the tiny hybrid pair, fp32),
 # prefix_crash (prefix_crash.sh: the open CUDA crash with prefix caching: guarded run + 3 variants; CRASH_TIMEOUT),
 # chat (multiturn_chat.py: the 27B-shaped pair on a multi-turn chat workload; CHAT_ARGS),
-# serving[:dense|hybrid] (tests/e2e/test_serving_features.py against GPU servers, float32; SERVING_K),
+# serving[:dense|hybrid[/sync|/blocking|/PATCH]] (tests/e2e/test_serving_features.py against GPU servers, float32;
+# SERVING_K; /sync: without async scheduling, /blocking: CUDA_LAUNCH_BLOCKING=1, /PATCH: with
+# VLLM_DFLASH_DISABLE=PATCH; a variant runs SERVING_VARIANT_K (min_tokens) only),
 # sampling_accept[:DTYPE] (tests/e2e/test_sampling_acceptance.py, engines on the GPU),
 # serving_probe (serving_probe.py: structured outputs, an invalid regex and logprobs on
 # no-spec / no-plugin / synchronous / DFlash servers; PROBE_VARIANTS, PROBE_SERVER_ARGS).
@@ -208,12 +210,23 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
     serving)  # tests/e2e/test_serving_features.py on the GPU (float32; SERVING_K: pytest -k)
       # serving:dense / serving:hybrid: one pair (own files), e.g. both at once on one
       # GPU: "serving:dense@0" "serving:hybrid@0" with SERVING_SERVER_ARGS at 0.2
-      local tag=${arg:+-$arg} k=${SERVING_K:-}
+      # serving:PAIR/VARIANT: a diagnosis variant of the DFlash server (its own files):
+      # sync (--no-async-scheduling), PATCH (VLLM_DFLASH_DISABLE=PATCH for both servers)
+      local variant="" vargs="" venv="" blk=${CUDA_LAUNCH_BLOCKING:-0}
+      [[ $arg == */* ]] && { variant=${arg#*/}; arg=${arg%%/*}; }
+      case $variant in
+        "") ;;
+        sync) vargs=" --no-async-scheduling" ;;
+        blocking) blk=1 ;;
+        *) venv=$variant ;;
+      esac
+      local tag=${arg:+-$arg}${variant:+-$variant} k=${SERVING_K:-}
+      [ -n "$variant" ] && k=${SERVING_VARIANT_K:-min_tokens}  # a variant: these tests only
       [ -n "$arg" ] && k="$arg${k:+ and ($k)}"
       python3 -c "import pytest" > "$W/serving-imports$tag.log" 2>&1 \
         || say "serving: $(tail -1 "$W/serving-imports$tag.log")"
-      VLLM_DFLASH_TEST_SERVER_ARGS="${SERVING_SERVER_ARGS:---gpu-memory-utilization 0.3}" \
-        timeout "${SERVING_TIMEOUT:-560}" python3 -m pytest tests/e2e/test_serving_features.py \
+      VLLM_DFLASH_TEST_SERVER_ARGS="${SERVING_SERVER_ARGS:---gpu-memory-utilization 0.3}$vargs" \
+        VLLM_DFLASH_DISABLE=${venv:-${VLLM_DFLASH_DISABLE:-}} CUDA_LAUNCH_BLOCKING=$blk timeout "${SERVING_TIMEOUT:-560}" python3 -m pytest tests/e2e/test_serving_features.py \
         ${k:+-k "$k"} -p no:cacheprovider -q -rA -s --junitxml "$W/pytest-serving$tag.xml" \
         --basetemp "$W/serving-tmp$tag" > "$W/serving$tag.log" 2>&1
       say "serving$tag rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$W/serving$tag.log" | cut -c1-600 | tail -40
