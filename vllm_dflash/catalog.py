@@ -14,6 +14,7 @@ from vllm_dflash.core import (
     draft_slot_budget,
     hybrid_cache_hit,
     lookahead_slots,
+    stale_draft_placeholders,
     step_log,
 )
 from vllm_dflash.cpu import (
@@ -91,6 +92,7 @@ PATCHES: tuple[Patch, ...] = (
     hybrid_align_accepted_order.PATCH,
     gdn_unscheduled_slot.PATCH,
     min_tokens.PATCH,  # after gdn_unscheduled_slot: wraps the same _update_states
+    stale_draft_placeholders.PATCH,
     hybrid_accepted_sync.PATCH,
     gdn_shared_metadata.PATCH,
     gdn_state_replay.PATCH,  # after gdn_shared_metadata: wraps the same build

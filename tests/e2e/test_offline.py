@@ -221,6 +221,8 @@ def test_upstream_diffs_reproduce_the_plugin(offline, baseline, refs, tmp_path_f
     assert states["dflash_gdn_state_replay"] == "not needed"
     assert states["dflash_drafter_kv_shared_group"] == "not needed"
     assert states["dflash_full_step_budget"] == "not needed"
+    assert states["dflash_min_tokens_positions"] == "not needed"
+    assert states["dflash_async_stale_draft_placeholders"] == "not needed"
 
     upstream = offline.run("swa", max_num_batched_tokens=CHUNKED, pythonpath=str(dest))
     stats = _check(upstream, baseline, refs["swa"])
