@@ -59,6 +59,20 @@ def clear_stale(scheduler: Any, scheduler_output: Any) -> int:
     return cleared
 
 
+class _ProbeRequest:
+    """The fields of a decoding request the scheduler's bookkeeping reads (hashable:
+    later vLLMs keep requests in sets)."""
+
+    def __init__(self, request_id: str, spec_token_ids: list[int]) -> None:
+        self.request_id = request_id
+        self.num_computed_tokens = 10
+        self.num_tokens = 11
+        self.num_output_placeholders = 0
+        self.use_structured_output = False
+        self.is_prefill_chunk = False
+        self.spec_token_ids = spec_token_ids
+
+
 def _probe_state() -> tuple[Any, Any, Any]:
     """A two-request AsyncScheduler (no __init__): request "a" scheduled, "b"
     left out while holding the previous step's placeholders."""
@@ -66,24 +80,18 @@ def _probe_state() -> tuple[Any, Any, Any]:
 
     sched = AsyncScheduler.__new__(AsyncScheduler)
     placeholders = [-1, -1]
-    reqs = {
-        rid: SimpleNamespace(
-            request_id=rid,
-            num_computed_tokens=10,
-            num_tokens=11,
-            num_output_placeholders=0,
-            use_structured_output=False,
-            is_prefill_chunk=False,
-            spec_token_ids=placeholders,
-        )
-        for rid in ("a", "b")
-    }
+    reqs = {rid: _ProbeRequest(rid, placeholders) for rid in ("a", "b")}
     sched.__dict__.update(
         requests=reqs,
         running=list(reqs.values()),
         _spec_token_placeholders=placeholders,
         finished_req_ids=set(),
+        # what later vLLMs (0.22, 0.23) read there, off
+        enable_return_routed_experts=False,
+        _inflight_prefills=set(),
         use_v2_model_runner=False,
+        current_step=0,
+        pp_size=1,
     )
     out = SimpleNamespace(
         num_scheduled_tokens={"a": 3},
