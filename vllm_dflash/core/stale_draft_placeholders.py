@@ -42,6 +42,7 @@ from vllm_dflash.registry import (
 from vllm_dflash.spec_decode import uses_dflash
 
 NAME = "dflash_async_stale_draft_placeholders"
+_APPLIES = "_vllm_dflash_clears_stale_drafts"
 
 
 def clear_stale(scheduler: Any, scheduler_output: Any) -> int:
@@ -118,7 +119,10 @@ def apply() -> None:
 
     def _update_after_schedule(self, scheduler_output):
         stock(self, scheduler_output)
-        if uses_dflash(self.vllm_config):
+        applies = self.__dict__.get(_APPLIES)
+        if applies is None:  # decided once per scheduler
+            applies = self.__dict__[_APPLIES] = uses_dflash(self.vllm_config)
+        if applies:
             clear_stale(self, scheduler_output)
 
     replace_attr(AsyncScheduler, "_update_after_schedule", _update_after_schedule, NAME)

@@ -59,6 +59,7 @@ _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states"
 _ENTRIES = "_vllm_dflash_min_tokens"  # batch index -> (min_tokens, stop token ids)
 _PAIRS = "_vllm_dflash_min_pairs"  # device/host pair arrays; None: rebuild
 _STEP = "_vllm_dflash_min_step"  # (seq_lens tensor, num_prompt_tokens array)
+_ATTACHED = "_vllm_dflash_min_tokens_batch"  # the runner's input batch last attached
 
 
 def _entry(
@@ -240,8 +241,11 @@ def apply() -> None:
 
     def _update_states(self, *args, **kwargs):
         out = stock_states(self, *args, **kwargs)
-        if uses_dflash(self):
-            attach(self)
+        # once per input batch (vLLM may build a new one after the KV cache)
+        if self.__dict__.get(_ATTACHED) is not self.input_batch:
+            if uses_dflash(self):
+                attach(self)
+            self.__dict__[_ATTACHED] = self.input_batch
         return out
 
     replace_attr(MinTokensLogitsProcessor, "update_state", update_state_, NAME)
