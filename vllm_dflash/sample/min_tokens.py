@@ -163,15 +163,9 @@ def apply_draft_rows(
     j = np.arange(len(pair)) - np.repeat(np.cumsum(counts) - counts, counts)
     rows = first[req_h][pair] + j
     below = lim_h[pair] + counts[pair] - j
-    pair_d = _device(proc, pair)
+    pair_d, rows_d, below_d = _device(proc, np.stack([pair, rows, below]))  # one copy
     seq_lens = proc.__dict__[_STEP][0]
-    _mask(
-        logits,
-        _device(proc, rows),
-        tok_d[pair_d],
-        seq_lens[req_d[pair_d]],
-        _device(proc, below),
-    )
+    _mask(logits, rows_d, tok_d[pair_d], seq_lens[req_d[pair_d]], below_d)
     return logits
 
 
