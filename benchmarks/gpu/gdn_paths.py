@@ -149,6 +149,19 @@ def _replay(
                     launch, bv=bv,
                 )  # fmt: skip
 
+        if tag == "bv32":
+            # the code before 7b6e063: vLLM's rearrange_mixed_qkv copied q, k, v
+            # (three kernels a layer), then the verify ran 32-wide blocks
+            def copied() -> None:
+                for _ in range(layers):
+                    gdn_replay_triton.verify(
+                        q.contiguous(), k.contiguous(), v.contiguous(), a, b, gates,
+                        state, ring, layout, cu, slots, dk**-0.5, bv=32,
+                    )  # fmt: skip
+
+            ms = _graph_ms(copied, repeats)
+            res["verify_copies_bv32_ms"] = round(statistics.median(ms), 3)
+
         for name, fn in (("commit", commit), ("verify", verify)):
             try:
                 ms = _graph_ms(fn, repeats)
