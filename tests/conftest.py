@@ -213,7 +213,8 @@ class OfflineRunner:
         env["PYTHONPATH"] = os.pathsep.join(
             [*paths, str(ROOT), env.get("PYTHONPATH", "")]
         )
-        # a worker that died silently (a machine fault) is run once more
+        # a worker that died silently (a machine fault) or a rendezvous port that
+        # another process took is run once more
         rc, log = run_engine_process(cmd, env, timeout)
         (self.workdir / f"{tag}.log").write_text(log)
         data = json.loads(out.read_text()) if rc == 0 and out.exists() else None

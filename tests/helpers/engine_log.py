@@ -35,11 +35,27 @@ def worker_died_silently(returncode: int, log: str) -> bool:
     )
 
 
+# The worker's distributed rendezvous (torch's TCPStore) could not bind the port
+# vLLM had just found free: another process on the machine (the other xdist
+# worker's engines and servers bind ephemeral ports too) took it in between.
+# Seen once in CI (2026-12-07, a fresh 2-core machine): "DistNetworkError: The
+# server socket has failed to listen on any local network address. port: 45621,
+# ... EADDRINUSE". A race of the machine, not of the code under test.
+_PORT_TAKEN = re.compile(r"DistNetworkError: .*EADDRINUSE")
+
+
+def port_taken_at_start(returncode: int, log: str) -> bool:
+    """True when the engine failed because its rendezvous port was taken between
+    vLLM's check and the bind (worth one rerun)."""
+    return returncode != 0 and _PORT_TAKEN.search(log) is not None
+
+
 def run_engine_process(
     cmd: list[str], env: dict[str, str], timeout: float
 ) -> tuple[int, str]:
     """Run an engine subprocess: (return code, stdout + stderr); -9 on timeout.
-    A run whose CPU worker died silently is run once more, its log marked so."""
+    A run whose CPU worker died silently, or whose rendezvous port another
+    process took, is run once more, its log marked so."""
 
     def once() -> tuple[int, str]:
         try:
@@ -51,11 +67,15 @@ def run_engine_process(
             return -9, f"timeout after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
 
     rc, log = once()
-    if worker_died_silently(rc, log):
+    why = (
+        "the first attempt's worker died silently"
+        if worker_died_silently(rc, log)
+        else "the first attempt's rendezvous port was taken"
+        if port_taken_at_start(rc, log)
+        else None
+    )
+    if why:
         first = log
         rc, log = once()
-        log = (
-            f"[rerun: the first attempt's worker died silently; its log's tail:]\n"
-            f"{first[-2000:]}\n[rerun log:]\n{log}"
-        )
+        log = f"[rerun: {why}; its log's tail:]\n{first[-2000:]}\n[rerun log:]\n{log}"
     return rc, log

@@ -2,7 +2,7 @@
 """The rerun rule of the engine-test runner: only a worker that vanished without a
 Python error is rerun; a defect (any Python error in a worker) never is."""
 
-from tests.helpers.engine_log import worker_died_silently
+from tests.helpers.engine_log import port_taken_at_start, worker_died_silently
 
 _MAIN_GONE = """\
 Traceback (most recent call last):
@@ -51,3 +51,21 @@ def test_python_errors_are_never_rerun() -> None:
     assert not worker_died_silently(1, TP_DEFECT)
     assert not worker_died_silently(1, "TypeError: unexpected keyword argument\n")
     assert not worker_died_silently(0, SILENT)
+
+
+# CI, 2026-12-07: the worker's TCPStore lost its port to another process.
+PORT_TAKEN = (
+    "(Worker pid=9963) ERROR 12-07 20:21:19 [multiproc_executor.py:870] "
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on "
+    "any local network address. port: 45621, useIpv6: false, code: -98, name: "
+    "EADDRINUSE, message: address already in use\n" + _MAIN_GONE
+)
+
+
+def test_a_taken_rendezvous_port_is_rerun() -> None:
+    assert port_taken_at_start(1, PORT_TAKEN)
+    assert not port_taken_at_start(0, PORT_TAKEN)
+    assert not port_taken_at_start(1, DEFECT)
+    assert not port_taken_at_start(1, SILENT)
+    # (a worker error, so not a silent death: only the port rule reruns it)
+    assert not worker_died_silently(1, PORT_TAKEN)
