@@ -9,8 +9,9 @@ settings, no extra syncs: vLLM's own torch profiler, ``--profiler-config``).
 The summary (``summary-MODE.json``) says, per engine step (one target forward):
 
 - ``step_ms``: GPU time from one step's first kernel to the next one's;
-- ``busy_ms``: the union of kernel intervals in it; ``idle_ms`` = the rest,
-  i.e. the GPU waiting for the host;
+- ``busy_ms``: the union of kernel intervals in it; ``idle_ms`` = the rest: the
+  gaps between kernels (the host being late, or, inside CUDA graphs, the
+  ~0.5 us between one kernel and the next);
 - ``phase_ms``: kernel time per vLLM runner phase (``forward`` = target verify,
   ``draft`` = the whole proposer, ``sample``, ``preprocess``, ...), found by
   following each kernel to the host call that launched it;
