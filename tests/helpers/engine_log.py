@@ -50,6 +50,13 @@ def port_taken_at_start(returncode: int, log: str) -> bool:
     return returncode != 0 and _PORT_TAKEN.search(log) is not None
 
 
+# The failures worth one rerun, and what the rerun's log says of the first attempt.
+_RERUN = (
+    (worker_died_silently, "the first attempt's worker died silently"),
+    (port_taken_at_start, "the first attempt's rendezvous port was taken"),
+)
+
+
 def run_engine_process(
     cmd: list[str], env: dict[str, str], timeout: float
 ) -> tuple[int, str]:
@@ -67,13 +74,7 @@ def run_engine_process(
             return -9, f"timeout after {timeout}s\n{e.stdout or ''}{e.stderr or ''}"
 
     rc, log = once()
-    why = (
-        "the first attempt's worker died silently"
-        if worker_died_silently(rc, log)
-        else "the first attempt's rendezvous port was taken"
-        if port_taken_at_start(rc, log)
-        else None
-    )
+    why = next((why for rule, why in _RERUN if rule(rc, log)), None)
     if why:
         first = log
         rc, log = once()
