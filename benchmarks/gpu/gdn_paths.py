@@ -150,7 +150,7 @@ def _replay(
                 )  # fmt: skip
 
         if tag == "bv32":
-            # the code before 7b6e063: vLLM's rearrange_mixed_qkv copied q, k, v
+            # the shipped path before this change: vLLM's rearrange_mixed_qkv copied q, k, v
             # (three kernels a layer), then the verify ran 32-wide blocks
             def copied() -> None:
                 for _ in range(layers):
