@@ -76,12 +76,15 @@ def main() -> None:
         torch.cuda.empty_cache()
 
 
-# launch configurations (num_warps, num_stages) of the replay kernels to time:
-# the shipped ones (None: one warp), two warps, and four (the H200, 2026-12-03)
+# launch configurations of the replay kernels to time: (commit (num_warps,
+# num_stages), verify (num_warps, num_stages), value-block width); None: the
+# shipped choice (one warp; the width ``value_block`` picks for the batch).
+# Two and four warps were slower on the H200 (2026-12-03).
 LAUNCHES = {
-    "shipped": (None, None),
-    "w2": ((2, 2), (2, 3)),
-    "w4": ((4, 2), (4, 3)),
+    "shipped": (None, None, None),
+    "bv32": (None, None, 32),
+    "bv16": (None, None, 16),
+    "bv8": (None, None, 8),
 }
 
 
@@ -114,9 +117,12 @@ def _replay(
     slots = torch.arange(1, n + 1, device=dev, dtype=torch.int32)
     acc = torch.full((n,), accepted, device=dev, dtype=torch.int32)
     t = n * tokens
-    q = torch.randn(1, t, hk, dk, device=dev, dtype=dt)
-    k = torch.randn(1, t, hk, dk, device=dev, dtype=dt)
-    v = torch.randn(1, t, hv, dv, device=dev, dtype=dt)
+    # views of the packed qkv, as the layer passes them (``qkv_views``)
+    mixed_qkv = torch.randn(t, 2 * hk * dk + hv * dv, device=dev, dtype=dt)
+    q, k, v = torch.split(mixed_qkv, [hk * dk, hk * dk, hv * dv], dim=-1)
+    q = q.unflatten(-1, (hk, dk)).unsqueeze(0)
+    k = k.unflatten(-1, (hk, dk)).unsqueeze(0)
+    v = v.unflatten(-1, (hv, dv)).unsqueeze(0)
     a = torch.randn(t, hv, device=dev, dtype=dt)
     b = torch.randn(t, hv, device=dev, dtype=dt)
     cu = torch.arange(0, t + 1, tokens, device=dev, dtype=torch.int32)
@@ -126,18 +132,35 @@ def _replay(
         "replay_tokens": tokens,
         "accepted": accepted,
     }
-    for tag, (c_launch, v_launch) in LAUNCHES.items():
+    res["shipped_bv"] = gdn_replay_triton.value_block(layout, n)
+    for tag, (c_launch, v_launch, bv) in LAUNCHES.items():
 
-        def commit(launch=c_launch) -> None:
+        def commit(launch=c_launch, bv=bv) -> None:
             for _ in range(layers):
                 ring[:, 0] = pending
-                gdn_replay_triton.commit(state, ring, layout, slots, acc, gates, launch)
+                gdn_replay_triton.commit(
+                    state, ring, layout, slots, acc, gates, launch, bv=bv
+                )
 
-        def verify(launch=v_launch) -> None:
+        def verify(launch=v_launch, bv=bv) -> None:
             for _ in range(layers):
                 gdn_replay_triton.verify(
-                    q, k, v, a, b, gates, state, ring, layout, cu, slots, dk**-0.5, launch
+                    q, k, v, a, b, gates, state, ring, layout, cu, slots, dk**-0.5,
+                    launch, bv=bv,
                 )  # fmt: skip
+
+        if tag == "bv32":
+            # the shipped path before this change: vLLM's rearrange_mixed_qkv copied q, k, v
+            # (three kernels a layer), then the verify ran 32-wide blocks
+            def copied() -> None:
+                for _ in range(layers):
+                    gdn_replay_triton.verify(
+                        q.contiguous(), k.contiguous(), v.contiguous(), a, b, gates,
+                        state, ring, layout, cu, slots, dk**-0.5, bv=32,
+                    )  # fmt: skip
+
+            ms = _graph_ms(copied, repeats)
+            res["verify_copies_bv32_ms"] = round(statistics.median(ms), 3)
 
         for name, fn in (("commit", commit), ("verify", verify)):
             try:

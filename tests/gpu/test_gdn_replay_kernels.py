@@ -7,7 +7,8 @@ give the same outputs, and verify + commit of ``n`` accepted tokens must leave t
 state vLLM keeps in slot ``n - 1`` (to a few epsilons of the state dtype): on the Qwen3.6-27B head shapes (16 key / 48
 value heads of 128, TP 1 and 2) and a small grouped shape, float32 and bf16
 states, several steps (some of one token: the state stored, nothing pending),
-padded rows and a null slot. Also the torch implementation
+padded rows and a null slot; q/k/v as strided views of a packed qkv tensor (as
+the layer passes them), every value-block width. Also the torch implementation
 (the CPU path) on the same inputs. Skipped without a GPU.
 """
 
@@ -44,9 +45,28 @@ def _cu(lens, dev):
     return cu
 
 
+def _packed_qkv(t, h, hv, dk, dv, dev, gen):
+    """q, k, v as the layer hands them over: views of one packed ``[T, 2HK + HvV]``
+    tensor (token stride 2HK + HvV), as ``qkv_views`` makes them."""
+    mixed = torch.randn(
+        t, 2 * h * dk + hv * dv, device=dev, generator=gen, dtype=torch.bfloat16
+    )
+    q, k, v = torch.split(mixed, [h * dk, h * dk, hv * dv], dim=-1)
+    return (
+        q.unflatten(-1, (h, dk)).unsqueeze(0),
+        k.unflatten(-1, (h, dk)).unsqueeze(0),
+        v.unflatten(-1, (hv, dv)).unsqueeze(0),
+    )
+
+
+# value-block widths: the policy's choice (None) and each width it may pick
+WIDTHS = [None, 8, 16, 32]
+
+
+@pytest.mark.parametrize("bv", WIDTHS, ids=[f"bv{w}" for w in WIDTHS])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
-def test_replay_equals_vllm_slots(cuda, shape, state_dtype):
+def test_replay_equals_vllm_slots(cuda, shape, state_dtype, bv):
     stock_verify = cuda
     h, hv, dk, dv = shape
     dev = torch.device("cuda")
@@ -83,24 +103,25 @@ def test_replay_equals_vllm_slots(cuda, shape, state_dtype):
             r,
         ]
         t = sum(lens)
-        q = torch.randn(1, t, h, dk, device=dev, generator=gen, dtype=torch.bfloat16)
-        kk = torch.randn(1, t, h, dk, device=dev, generator=gen, dtype=torch.bfloat16)
-        v = torch.randn(1, t, hv, dv, device=dev, generator=gen, dtype=torch.bfloat16)
+        q, kk, v = _packed_qkv(t, h, hv, dk, dv, dev, gen)
+        assert not q.is_contiguous()  # the kernel reads the strides
         a = torch.randn(t, hv, device=dev, generator=gen, dtype=torch.bfloat16)
         b = torch.randn(t, hv, device=dev, generator=gen, dtype=torch.bfloat16)
         cu = _cu(lens, dev)
         o_stock, _ = stock_verify(
-            A_log=a_log, a=a, b=b, dt_bias=dt_bias, q=q, k=kk, v=v,
+            A_log=a_log, a=a, b=b, dt_bias=dt_bias, q=q.contiguous(),
+            k=kk.contiguous(), v=v.contiguous(),
             initial_state=stock_state, inplace_final_state=True, cu_seqlens=cu,
             ssm_state_indices=stock_slots, num_accepted_tokens=accepted,
             use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
         gdn_replay_triton.commit(
-            replay_state, ring, layout, replay_slots, accepted, gates
+            replay_state, ring, layout, replay_slots, accepted, gates, bv=bv
         )
-        o_replay = gdn_replay.verify(
-            q, kk, v, a, b, gates, replay_state, ring, layout, cu, replay_slots
-        )
+        o_replay = gdn_replay_triton.verify(
+            q, kk, v, a, b, gates, replay_state, ring, layout, cu, replay_slots,
+            dk**-0.5, bv=bv,
+        )  # fmt: skip
         live = slice(0, sum(lens[:3]))  # the padded row's outputs are not written
         # a one-token verify stores its state and leaves nothing pending
         assert ring[1:4, 0].tolist() == [float(n > 1) for n in lens[:3]]
@@ -127,7 +148,7 @@ def test_replay_equals_vllm_slots(cuda, shape, state_dtype):
         want = stock_state[slots_stock[rows, accepted[:3].long() - 1]]
         probe = replay_state.clone()
         gdn_replay_triton.commit(
-            probe, ring.clone(), layout, replay_slots, accepted, gates
+            probe, ring.clone(), layout, replay_slots, accepted, gates, bv=bv
         )
         # in units of the state dtype's epsilon at the state's scale
         ulps = (probe[1:4].float() - want.float()).abs().max().item() / (

@@ -29,6 +29,7 @@ from vllm_dflash.layers.ops import gdn_replay_triton as gt  # noqa: E402
 def case(
     h: int, hv: int, dk: int, dv: int,
     lens: list[int], slots: list[int], counts: list[int], seed: int,
+    bv: int | None = None, views: bool = False,
 ) -> dict:  # fmt: skip
     """One batch: verify then commit, the Triton kernels against the torch path."""
     gen = torch.Generator().manual_seed(seed)
@@ -37,9 +38,17 @@ def case(
     t = sum(lens)
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lens).cumsum(0)
-    q = torch.randn(1, t, h, dk, generator=gen)
-    k = torch.randn(1, t, h, dk, generator=gen)
-    v = torch.randn(1, t, hv, dv, generator=gen)
+    if views:  # as the layer passes them: views of one packed qkv tensor
+        mixed = torch.randn(t, 2 * h * dk + hv * dv, generator=gen)
+        q, k, v = torch.split(mixed, [h * dk, h * dk, hv * dv], dim=-1)
+        q = q.unflatten(-1, (h, dk)).unsqueeze(0)
+        k = k.unflatten(-1, (h, dk)).unsqueeze(0)
+        v = v.unflatten(-1, (hv, dv)).unsqueeze(0)
+        assert not q.is_contiguous()
+    else:
+        q = torch.randn(1, t, h, dk, generator=gen)
+        k = torch.randn(1, t, h, dk, generator=gen)
+        v = torch.randn(1, t, hv, dv, generator=gen)
     a = torch.randn(t, hv, generator=gen)
     b = torch.randn(t, hv, generator=gen)
     gates = gdn_replay.Gates(
@@ -51,7 +60,7 @@ def case(
     ring0 = torch.randn(n_slots, layout.length, generator=gen)
     s1, r1 = state.clone(), ring0.clone()
     s2, r2 = state.clone(), ring0.clone()
-    o1 = gt.verify(q, k, v, a, b, gates, s1, r1, layout, cu, slots, dk**-0.5)[0]
+    o1 = gt.verify(q, k, v, a, b, gates, s1, r1, layout, cu, slots, dk**-0.5, bv=bv)[0]
     o2 = gdn_replay.verify_torch(
         q[0], k[0], v[0], a, b, gates, dk**-0.5, s2, r2, layout, cu, slots
     )
@@ -85,7 +94,7 @@ def case(
                 torch.equal(s1[s], state[s]) and torch.equal(r1[s], ring0[s])
             )
     acc = torch.tensor(counts, dtype=torch.int32)
-    gt.commit(s1, r1, layout, slots, acc, gates)
+    gt.commit(s1, r1, layout, slots, acc, gates, bv=bv)
     gdn_replay.commit_torch(s2, r2, layout, slots, acc, gates)
     res["commit"] = (s1 - s2).abs().max().item()
     for s in range(n_slots):
@@ -99,8 +108,13 @@ def main() -> None:
         # grouped value heads, a one-token row, a null slot, counts 0 / all / clamped
         case(2, 4, 32, 64, [4, 1, 3, 2], [1, 2, 0, 4], [0, 1, 3, 9], 0),
         case(2, 4, 32, 64, [8, 8, 5], [3, 1, 2], [8, 1, 5], 1),
-        # the Qwen3.6-27B head shapes (TP 1), one request verifying 16 tokens
-        case(16, 48, 128, 128, [16], [1], [6], 2),
+        # strided q/k/v and every value-block width ``value_block`` may pick
+        case(2, 4, 32, 64, [4, 1, 3, 2], [1, 2, 0, 4], [0, 1, 3, 9], 3, bv=8, views=True),
+        case(2, 4, 32, 64, [8, 8, 5], [3, 1, 2], [8, 1, 5], 4, bv=16, views=True),
+        case(2, 4, 32, 64, [8, 2], [1, 2], [2, 2], 5, bv=32, views=True),
+        # the Qwen3.6-27B head shapes (TP 1), one request verifying 16 tokens, views,
+        # the width the policy picks for one request (8)
+        case(16, 48, 128, 128, [16], [1], [6], 2, views=True),
     ]
     print("RESULT " + json.dumps(out))
 

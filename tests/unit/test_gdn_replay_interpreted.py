@@ -8,7 +8,8 @@ real ``triton`` (vLLM's CPU build hands out placeholders) and runs ``verify`` an
 backend's, which ``tests/gpu/test_gdn_replay_kernels.py`` holds to vLLM's own
 kernel on a GPU): outputs, stored one-token states, ring flags and pending
 records, committed states (counts of 0, 1, all, more than the ring holds), null
-slots untouched. This checks the kernels' indexing without a GPU; compilation
+slots untouched; q/k/v as strided views of a packed tensor and each value-block
+width. This checks the kernels' indexing without a GPU; compilation
 and timing need one (tests/gpu).
 """
 

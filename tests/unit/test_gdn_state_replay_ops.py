@@ -143,3 +143,74 @@ def test_probe_sees_a_vllm_that_replays_itself(monkeypatch):
         mamba_utils, "use_gdn_state_replay", lambda *a: True, raising=False
     )
     assert not gdn_state_replay.probe()
+
+
+def test_qkv_views_equal_vllms_rearrange_without_copies():
+    """``qkv_views`` (the replay's ``rearrange_mixed_qkv``) gives vLLM's q/k/v
+    values as views of the packed tensor: no copy, same storage."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.mamba.gdn_linear_attn import (
+        GatedDeltaNetAttention,
+    )
+
+    from vllm_dflash.layers import gdn_state_replay
+
+    layer = SimpleNamespace(
+        key_dim=H * DK, value_dim=HV * DV, tp_size=1, head_k_dim=DK, head_v_dim=DV
+    )
+    mixed = torch.randn(5, 2 * H * DK + HV * DV)
+    want = GatedDeltaNetAttention.rearrange_mixed_qkv(layer, mixed)
+    got = gdn_state_replay.qkv_views(layer, mixed)
+    for w, g in zip(want, got, strict=True):
+        assert g.shape == w.shape
+        assert torch.equal(g, w)
+        assert g.data_ptr() >= mixed.data_ptr()  # a view of the packed tensor
+        assert g.untyped_storage().data_ptr() == mixed.untyped_storage().data_ptr()
+    assert gdn_state_replay.qkv_views(layer, None) == (None, None, None)
+
+
+def test_verify_reads_strided_qkv():
+    """The CPU verify gives the same outputs and records for strided views as
+    for contiguous copies."""
+    gen = torch.Generator().manual_seed(3)
+    lens = [4, 1, 3]
+    t = sum(lens)
+    layout = gdn_replay.ring_layout(3, H, HV, DK, DV)
+    mixed = torch.randn(t, 2 * H * DK + HV * DV, generator=gen)
+    q, k, v = torch.split(mixed, [H * DK, H * DK, HV * DV], dim=-1)
+    q = q.unflatten(-1, (H, DK)).unsqueeze(0)
+    k = k.unflatten(-1, (H, DK)).unsqueeze(0)
+    v = v.unflatten(-1, (HV, DV)).unsqueeze(0)
+    a, b = torch.randn(t, HV, generator=gen), torch.randn(t, HV, generator=gen)
+    gates = gdn_replay.Gates(
+        torch.randn(HV, generator=gen), torch.randn(HV, generator=gen)
+    )
+    slots = torch.tensor([1, 2, 3], dtype=torch.int32)
+    state = torch.randn(4, HV, DV, DK, generator=gen) * 0.1
+    outs = []
+    for qq, kk, vv in ((q, k, v), (q.contiguous(), k.contiguous(), v.contiguous())):
+        st, ring = state.clone(), torch.zeros(4, layout.length)
+        o = gdn_replay.verify(
+            qq, kk, vv, a, b, gates, st, ring, layout, _cu(lens), slots
+        )
+        outs.append((o, st, ring))
+    assert not q.is_contiguous()
+    for x, y in zip(outs[0], outs[1], strict=True):
+        assert torch.equal(x, y)
+
+
+def test_value_block_fills_the_grid_at_small_batches():
+    """The value-block width: 32 where the grid is large, narrower where one
+    request's grid would leave most SMs idle; never a width that leaves the grid
+    below ``MIN_PROGRAMS`` while a narrower one is allowed."""
+    from vllm_dflash.layers.ops import gdn_replay_triton as gt
+
+    layout = gdn_replay.ring_layout(15, 16, 48, 128, 128)  # Qwen3.6-27B, TP 1
+    widths = {n: gt.value_block(layout, n) for n in (1, 2, 3, 4, 16, 256)}
+    assert widths == {1: 8, 2: 16, 3: 16, 4: 32, 16: 32, 256: 32}
+    for n, bv in widths.items():
+        programs = n * 48 * (128 // bv)
+        assert programs >= gt.MIN_PROGRAMS or bv == gt.BV_CHOICES[-1]
+    small = gdn_replay.ring_layout(3, 2, 4, 32, 6)  # a head dim below every width
+    assert gt.value_block(small, 1) == 8 and gt.value_block(small, 10**6) == 8

@@ -262,9 +262,9 @@ def replay_kv_cache_spec(stock_spec: Callable[[], Any]) -> Any:
 def _replay_dispatch(prev, ring, layout, *args, **kwargs):
     """vLLM's recurrent GDN call: the speculative verify goes to the replay."""
     if args or kwargs.get("num_accepted_tokens") is None:
-        return prev(*args, **kwargs)
+        return prev(*args, **_contiguous_qkv(kwargs))
     if kwargs.get("is_kda") or kwargs.get("inplace_final_state") is False:
-        return prev(*args, **kwargs)
+        return prev(*args, **_contiguous_qkv(kwargs))
     if kwargs.get("beta", 1.0) != 1.0:
         raise PatchError(f"{NAME}: softplus beta != 1 is not supported")
     state = kwargs["initial_state"]
@@ -280,6 +280,30 @@ def _replay_dispatch(prev, ring, layout, *args, **kwargs):
         scale=kwargs.get("scale"),
     )  # fmt: skip
     return o, state
+
+
+def _contiguous_qkv(kwargs: dict) -> dict:
+    """vLLM's recurrent kernels read q/k/v as contiguous tensors."""
+    for name in ("q", "k", "v"):
+        if isinstance(kwargs.get(name), torch.Tensor):
+            kwargs[name] = kwargs[name].contiguous()
+    return kwargs
+
+
+def qkv_views(layer: Any, mixed_qkv: torch.Tensor | None):
+    """vLLM's ``rearrange_mixed_qkv`` without its three ``.contiguous()`` copies:
+    ``q, k [1, T, H, K]`` and ``v [1, T, HV, V]`` as views of the packed qkv.
+    The replay verify reads any token/head stride; other recurrent calls get
+    contiguous copies in ``_replay_dispatch``."""
+    if mixed_qkv is None:
+        return None, None, None
+    kd = layer.key_dim // layer.tp_size
+    vd = layer.value_dim // layer.tp_size
+    q, k, v = torch.split(mixed_qkv, [kd, kd, vd], dim=-1)
+    q = q.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
+    k = k.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
+    v = v.unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0)
+    return q, k, v
 
 
 def forward_core(mod, stock, self, mixed_qkv, b, a, core_attn_out) -> None:
@@ -305,10 +329,14 @@ def forward_core(mod, stock, self, mixed_qkv, b, a, core_attn_out) -> None:
     mod.fused_sigmoid_gating_delta_rule_update = functools.partial(
         _replay_dispatch, prev, ring, layout
     )
+    # the verify reads q/k/v in place: no copies (an instance attribute for
+    # this call, removed after it)
+    self.rearrange_mixed_qkv = functools.partial(qkv_views, self)
     try:
         stock(self, mixed_qkv, b, a, core_attn_out)
     finally:
         mod.fused_sigmoid_gating_delta_rule_update = prev
+        del self.rearrange_mixed_qkv
     non_spec = md.non_spec_state_indices_tensor
     if non_spec is not None and (md.num_prefills > 0 or md.num_decodes > 0):
         # these rows' states are current: nothing of theirs is pending (padding

@@ -2,7 +2,8 @@
 """Triton kernels of the Gated-DeltaNet state replay (see ``gdn_replay``).
 
 One program per (value-block, sequence x value-head), the state tile ``[BV, K]``
-in registers, as vLLM's recurrent kernel; both kernels skip rows whose state slot
+in registers, as vLLM's recurrent kernel (``BV`` narrower at small batches:
+``value_block``); both kernels skip rows whose state slot
 is the null block. ``verify`` computes the outputs as vLLM's speculative verify
 does (the same delta-rule step, ``_delta_step``) and stores each token's raw
 inputs instead of ``1 + k`` states (a one-token verify stores the state after
@@ -129,6 +130,12 @@ def _verify_kernel(
     stride_state,
     stride_ring,
     stride_slots,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
     R: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -171,18 +178,25 @@ def _verify_kernel(
     ring_ty = ring.dtype.element_ty
     # token t + 1's inputs are loaded while token t is computed: the loads leave
     # the recurrence's critical path (the arithmetic is unchanged)
-    n_q = tl.load(q + (bos * H + i_h) * K + o_k, mask=mask_k, other=0)
-    n_k = tl.load(k + (bos * H + i_h) * K + o_k, mask=mask_k, other=0)
-    n_v = tl.load(v + (bos * HV + i_hv) * V + o_v, mask=mask_v, other=0)
+    # q, k, v: strided views of the layer's packed qkv (token and head strides)
+    p_q = q + bos * stride_qt + i_h * stride_qh + o_k
+    p_k = k + bos * stride_kt + i_h * stride_kh + o_k
+    p_v = v + bos * stride_vt + i_hv * stride_vh + o_v
+    n_q = tl.load(p_q, mask=mask_k, other=0)
+    n_k = tl.load(p_k, mask=mask_k, other=0)
+    n_v = tl.load(p_v, mask=mask_v, other=0)
     n_a = tl.load(a + bos * HV + i_hv)
     n_b = tl.load(b + bos * HV + i_hv)
     for t in range(0, n_tok):
         tok = bos + t
         r_q, r_k, r_v, r_a, r_b = n_q, n_k, n_v, n_a, n_b
         nxt = t + 1 < n_tok
-        n_q = tl.load(q + ((tok + 1) * H + i_h) * K + o_k, mask=mask_k & nxt, other=0)
-        n_k = tl.load(k + ((tok + 1) * H + i_h) * K + o_k, mask=mask_k & nxt, other=0)
-        n_v = tl.load(v + ((tok + 1) * HV + i_hv) * V + o_v, mask=mask_v & nxt, other=0)
+        p_q += stride_qt
+        p_k += stride_kt
+        p_v += stride_vt
+        n_q = tl.load(p_q, mask=mask_k & nxt, other=0)
+        n_k = tl.load(p_k, mask=mask_k & nxt, other=0)
+        n_v = tl.load(p_v, mask=mask_v & nxt, other=0)
         n_a = tl.load(a + (tok + 1) * HV + i_hv, mask=nxt, other=0)
         n_b = tl.load(b + (tok + 1) * HV + i_hv, mask=nxt, other=0)
         b_h, _ = _delta_step(
@@ -224,9 +238,31 @@ COMMIT_LAUNCH = (1, 2)
 VERIFY_LAUNCH = (1, 3)
 
 
-def _blocks(layout: RingLayout) -> tuple[int, int, int]:
+# Value-block width: each program holds a ``[BV, K]`` state tile. 32 where the
+# grid fills the GPU; at small batches the grid of 32-wide blocks leaves most SMs
+# idle (one request on the 27B shapes: 4 x 48 one-warp programs) and each program's
+# token loop is latency-bound, so the tile narrows until the grid has about
+# ``MIN_PROGRAMS`` programs. Value rows are independent in the delta rule: the
+# width changes the work split, not the arithmetic of a row.
+MIN_PROGRAMS = 768
+BV_CHOICES = (32, 16, 8)
+
+
+def value_block(layout: RingLayout, rows: int) -> int:
+    """The value-block width for ``rows`` sequences (a captured graph's batch
+    size is fixed, so each graph keeps one width)."""
+    top = 1 << max(0, layout.head_v_dim - 1).bit_length()  # next power of two
+    for bv in BV_CHOICES:
+        bv = min(bv, top)
+        blocks = -(-layout.head_v_dim // bv)
+        if rows * layout.num_v_heads * blocks >= MIN_PROGRAMS:
+            return bv
+    return min(BV_CHOICES[-1], top)
+
+
+def _blocks(layout: RingLayout, rows: int, bv: int | None) -> tuple[int, int, int]:
     bk = triton.next_power_of_2(layout.head_k_dim)
-    bv = min(triton.next_power_of_2(layout.head_v_dim), 32)
+    bv = bv or value_block(layout, rows)
     return bk, bv, triton.cdiv(layout.head_v_dim, bv)
 
 
@@ -252,11 +288,12 @@ def commit(
     num_accepted: torch.Tensor,
     gates: Gates,
     launch: tuple[int, int] | None = None,
+    bv: int | None = None,
 ) -> None:
     n = indices.shape[0]
     if n == 0:
         return
-    bk, bv, nv = _blocks(layout)
+    bk, bv, nv = _blocks(layout, n, bv)
     warps, stages = launch or COMMIT_LAUNCH
     _commit_kernel[(nv, n * layout.num_v_heads)](
         gates.A_log,
@@ -292,21 +329,25 @@ def verify(
     slots: torch.Tensor,
     scale: float,
     launch: tuple[int, int] | None = None,
+    bv: int | None = None,
 ) -> torch.Tensor:
+    """``q, k [1, T, H, K]``, ``v [1, T, HV, V]``: any token and head strides
+    (vLLM's views of the packed qkv need no copy); ``o`` is contiguous."""
     n = cu_seqlens.shape[0] - 1
     o = torch.empty(v.shape, dtype=q.dtype, device=v.device)
     if n == 0:
         return o
-    bk, bv, nv = _blocks(layout)
+    bk, bv, nv = _blocks(layout, n, bv)
     warps, stages = launch or VERIFY_LAUNCH
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     _verify_kernel[(nv, n * layout.num_v_heads)](
         gates.A_log,
         a.contiguous(),
         b.contiguous(),
         gates.dt_bias,
-        q.contiguous(),
-        k.contiguous(),
-        v.contiguous(),
+        q,
+        k,
+        v,
         o,
         state,
         ring,
@@ -317,6 +358,12 @@ def verify(
         state.stride(0),
         ring.stride(0),
         slots.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(1),
+        k.stride(2),
+        v.stride(1),
+        v.stride(2),
         BK=bk,
         BV=bv,
         L2NORM=gates.use_qk_l2norm,
