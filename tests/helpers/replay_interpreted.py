@@ -109,7 +109,9 @@ def main() -> None:
         case(2, 4, 32, 64, [4, 1, 3, 2], [1, 2, 0, 4], [0, 1, 3, 9], 0),
         case(2, 4, 32, 64, [8, 8, 5], [3, 1, 2], [8, 1, 5], 1),
         # strided q/k/v and every value-block width ``value_block`` may pick
-        case(2, 4, 32, 64, [4, 1, 3, 2], [1, 2, 0, 4], [0, 1, 3, 9], 3, bv=8, views=True),
+        case(
+            2, 4, 32, 64, [4, 1, 3, 2], [1, 2, 0, 4], [0, 1, 3, 9], 3, bv=8, views=True
+        ),
         case(2, 4, 32, 64, [8, 8, 5], [3, 1, 2], [8, 1, 5], 4, bv=16, views=True),
         case(2, 4, 32, 64, [8, 2], [1, 2], [2, 2], 5, bv=32, views=True),
         # the Qwen3.6-27B head shapes (TP 1), one request verifying 16 tokens, views
