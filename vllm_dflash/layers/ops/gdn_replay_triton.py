@@ -239,12 +239,14 @@ VERIFY_LAUNCH = (1, 3)
 
 
 # Value-block width: each program holds a ``[BV, K]`` state tile. 32 where the
-# grid fills the GPU; at small batches the grid of 32-wide blocks leaves most SMs
-# idle (one request on the 27B shapes: 4 x 48 one-warp programs) and each program's
-# token loop is latency-bound, so the tile narrows until the grid has about
-# ``MIN_PROGRAMS`` programs. Value rows are independent in the delta rule: the
-# width changes the work split, not the arithmetic of a row.
-MIN_PROGRAMS = 768
+# grid fills the GPU; at one request the grid of 32-wide blocks (27B shapes: 4 x 48
+# one-warp programs) leaves most SMs idle while each program's token loop is
+# latency-bound, so the tile narrows until the grid has ``MIN_PROGRAMS`` programs.
+# Measured on an H100 (benchmarks/results/h100-2026-12-07-a10fc28, 48 layers, 16
+# tokens): one request 0.84 ms at 32, 0.67 at 16, 0.91 at 8; two requests 0.86 at
+# 32, 0.92 at 16. Value rows are independent in the delta rule: the width changes
+# the work split, not the arithmetic of a row.
+MIN_PROGRAMS = 384
 BV_CHOICES = (32, 16, 8)
 
 
