@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The drafter's RoPE table of the context K/V pass is cast to the K dtype once.
+"""The drafter's RoPE table of the context K/V pass is cast to the K dtype and
+cut to ``max_model_len`` rows, once.
 
 vLLM 0.20.x's ``DFlashQwen3Model.precompute_and_store_context_kv`` casts its
 float32 RoPE table (``max_position_embeddings`` rows) to the K dtype on every
-call and drops the copy: one 100 us copy kernel per step on the 27B-shaped pair
-(H100, 2026-12-07). ``DFlashDraftModel`` keeps the cast table.
+call and drops the copy, and on CUDA the ``rotary_embedding`` op converts the
+table it is given back to float32: two 100 us copies a step on the 27B-shaped
+pair (H100, 2026-12-07). ``DFlashDraftModel`` keeps the cast table, cut to the
+rows a context position can index.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ class _Inner(torch.nn.Module):
         self.seen.append(self._rope_cos_sin_cache)
 
 
-def _drafter(inner: _Inner) -> DFlashDraftModel:
+def _drafter(inner: _Inner, max_model_len: int = 64) -> DFlashDraftModel:
     model = DFlashDraftModel.__new__(DFlashDraftModel)
     torch.nn.Module.__init__(model)
     model.model = inner
+    model._rope_rows = max_model_len
     return model
 
 
@@ -45,6 +49,23 @@ def test_rope_table_cast_once_to_the_k_dtype():
     assert [t.dtype for t in inner.seen] == [torch.bfloat16] * 3
     assert inner.seen[0] is inner.seen[1] is inner.seen[2]  # no cast after the first
     assert torch.equal(inner.seen[0], table.to(torch.bfloat16))  # vLLM's own cast
+
+
+def test_rope_table_cut_to_max_model_len():
+    inner = _Inner(built=True)
+    table = inner._rope_cos_sin_cache  # 64 rows
+    drafter = _drafter(inner, max_model_len=16)
+    for _ in range(2):
+        drafter.precompute_and_store_context_kv(torch.zeros(2, 4), torch.arange(2))
+    assert inner.seen[0] is inner.seen[1]
+    assert inner.seen[0].shape == (16, 8) and inner.seen[0].is_contiguous()
+    assert torch.equal(inner.seen[0], table[:16].to(torch.bfloat16))
+    # a context longer than the table keeps every row
+    inner = _Inner(built=True)
+    _drafter(inner, max_model_len=1000).precompute_and_store_context_kv(
+        torch.zeros(2, 4), torch.arange(2)
+    )
+    assert inner.seen[0].shape == (64, 8)
 
 
 def test_rope_table_left_alone_before_the_buffers_exist():

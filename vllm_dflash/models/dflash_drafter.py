@@ -7,7 +7,8 @@ KV cache stays full size (the layer's ``sliding_window`` stays ``None`` for KV
 planning, so no block holding precomputed context K/V is recycled); the
 proposer gives them causal metadata. Full layers are unchanged (non-causal).
 The fc input is cast to the fc weight dtype (fp32 target features); the RoPE
-table of the context K/V pass is kept in the K dtype (cast once, not per step).
+table of the context K/V pass is kept in the K dtype and cut to ``max_model_len``
+rows (once, not per step).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class DFlashDraftModel(DFlashQwen3ForCausalLM):
                 names.append(layer.self_attn.attn.layer_name)
         self.sliding_attn_layer_names = frozenset(names)
         self._fc_dtype = vllm_config.model_config.dtype
+        # the target's context length bounds every context position
+        self._rope_rows: int = vllm_config.model_config.max_model_len
         if names:
             logger.info(
                 "DFlash drafter: %d sliding-window layer(s) (window %d), %d full.",
@@ -83,14 +86,21 @@ class DFlashDraftModel(DFlashQwen3ForCausalLM):
         )
 
     def _rope_cache_in_kv_dtype(self) -> None:
-        """vLLM's context K/V pass casts the drafter's RoPE table (float32,
+        """The RoPE table of vLLM's context K/V pass (float32,
         ``max_position_embeddings`` rows: 262,144 x 128 for the Qwen3.6 drafter)
-        to the K dtype on every call and drops the copy: 0.1 ms of a 25 ms
-        step on an H100. Keep the cast table once the fused buffers exist (the
-        same cast, so the same values)."""
+        is converted whole on every call: vLLM 0.20.x's Python casts it to the K
+        dtype, and on CUDA its ``rotary_embedding`` kernel reads a float32 table,
+        so the op converts it back. Two 0.1 ms copies a step on an H100 at the
+        27B shapes. Keep the table cast to the K dtype (the same values as
+        vLLM's cast) and cut to the ``max_model_len`` rows a context position
+        can index, once the fused buffers exist: the Python cast goes and the
+        kernel's conversion shrinks to those rows."""
         inner = self.model
         weight = getattr(inner, "_fused_kv_weight", None)
         cache = getattr(inner, "_rope_cos_sin_cache", None)
-        if weight is None or cache is None or cache.dtype == weight.dtype:
+        if weight is None or cache is None:
             return
-        inner._rope_cos_sin_cache = cache.to(dtype=weight.dtype)
+        rows = min(cache.shape[0], self._rope_rows)
+        if cache.dtype == weight.dtype and cache.shape[0] == rows:
+            return
+        inner._rope_cos_sin_cache = cache[:rows].to(dtype=weight.dtype).contiguous()

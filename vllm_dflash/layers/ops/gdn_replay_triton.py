@@ -242,7 +242,7 @@ VERIFY_LAUNCH = (1, 3)
 # grid fills the GPU; at one request the grid of 32-wide blocks (27B shapes: 4 x 48
 # one-warp programs) leaves most SMs idle while each program's token loop is
 # latency-bound, so the tile narrows until the grid has ``MIN_PROGRAMS`` programs.
-# Measured on an H100 (benchmarks/results/h100-2026-12-07-a10fc28, 48 layers, 16
+# Measured on an H100 (benchmarks/results/h100-2026-12-07-b372ba7, 48 layers, 16
 # tokens): one request 0.84 ms at 32, 0.67 at 16, 0.91 at 8; two requests 0.86 at
 # 32, 0.92 at 16. Value rows are independent in the delta rule: the width changes
 # the work split, not the arithmetic of a row.
