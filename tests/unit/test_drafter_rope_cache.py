@@ -2,12 +2,12 @@
 """The drafter's RoPE table of the context K/V pass is cast to the K dtype and
 cut to ``max_model_len`` rows, once.
 
-vLLM 0.20.x's ``DFlashQwen3Model.precompute_and_store_context_kv`` casts its
-float32 RoPE table (``max_position_embeddings`` rows) to the K dtype on every
-call and drops the copy, and on CUDA the ``rotary_embedding`` op converts the
-table it is given back to float32: two 100 us copies a step on the 27B-shaped
-pair (H100, 2026-12-07). ``DFlashDraftModel`` keeps the cast table, cut to the
-rows a context position can index.
+vLLM 0.20.x's ``DFlashQwen3Model.precompute_and_store_context_kv`` hands its
+whole RoPE table (``max_position_embeddings`` rows) to ``rotary_embedding`` on every
+call, cast to the K dtype first where it is float32; on CUDA the op converts the
+table to float32 on every call: a 100 us copy a step on the 27B-shaped pair (H100,
+2026-12-07). ``DFlashDraftModel`` keeps the table cast and cut to the rows a context
+position can index.
 """
 
 from __future__ import annotations

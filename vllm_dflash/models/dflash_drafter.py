@@ -86,15 +86,15 @@ class DFlashDraftModel(DFlashQwen3ForCausalLM):
         )
 
     def _rope_cache_in_kv_dtype(self) -> None:
-        """The RoPE table of vLLM's context K/V pass (float32,
-        ``max_position_embeddings`` rows: 262,144 x 128 for the Qwen3.6 drafter)
-        is converted whole on every call: vLLM 0.20.x's Python casts it to the K
-        dtype, and on CUDA its ``rotary_embedding`` kernel reads a float32 table,
-        so the op converts it back. Two 0.1 ms copies a step on an H100 at the
-        27B shapes. Keep the table cast to the K dtype (the same values as
-        vLLM's cast) and cut to the ``max_model_len`` rows a context position
-        can index, once the fused buffers exist: the Python cast goes and the
-        kernel's conversion shrinks to those rows."""
+        """vLLM 0.20.x's context K/V pass hands its whole RoPE table
+        (``max_position_embeddings`` rows: 262,144 x 128 for the Qwen3.6 drafter)
+        to ``rotary_embedding`` on every call. On CUDA that op reads a float32
+        table and converts any other (the table is in the K dtype once the
+        layers' RoPE has run): a 0.1 ms copy a step on an H100 at the 27B
+        shapes. Where the table is still float32, vLLM's Python casts it to the K
+        dtype first. Keep it cast to the K dtype (vLLM's own cast: the same
+        values) and cut to the ``max_model_len`` rows a context position can
+        index, once the fused buffers exist."""
         inner = self.model
         weight = getattr(inner, "_fused_kv_weight", None)
         cache = getattr(inner, "_rope_cos_sin_cache", None)
