@@ -18,7 +18,10 @@ The summary (``summary-MODE.json``) says, per engine step (one target forward):
 - ``draft_kinds_ms``: the draft phase's kernel time per kind (attention, gemm,
   triton, ...) and how much of it a CUDA graph launched (without vLLM's scopes
   in the trace: all kernels after the target forward's graph, phase ``other``);
-- ``gaps``: idle time grouped by the phases of the kernels on either side.
+- ``gaps``: idle time grouped by the phases of the kernels on either side;
+- ``untraced_split``: the untraced batch before the trace (``untraced_tok_s``):
+  time to the first token, the decode phase per token, the tokens a verify step
+  produced (``request_split``).
 """
 
 from __future__ import annotations
@@ -217,6 +220,7 @@ def run(
             "wait_iterations": wait, "warmup_iterations": 6,
             "active_iterations": steps,
         },
+        disable_log_stats=False,  # request metrics and spec-decode counters
     )  # fmt: skip
     rng = random.Random(0)
 
@@ -225,9 +229,11 @@ def run(
     )
     # warm-up: shapes, graphs
     llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
+    before = _spec_counters(llm)
     t = time.time()
-    llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
+    outs = llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     untraced = time.time() - t
+    split = request_split(outs, before, _spec_counters(llm))
     llm.start_profile()
     llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     llm.stop_profile()
@@ -238,6 +244,8 @@ def run(
         "pair": pair,
         "conc": conc,
         "untraced_tok_s": round(conc * max_tokens / untraced, 1),
+        "untraced_s": round(untraced, 4),
+        "untraced_split": split,
     }
     if files:
         summary["trace"] = os.path.basename(files[-1])
@@ -245,6 +253,44 @@ def run(
     with open(os.path.join(out_dir, f"summary-{pair}-{mode}-c{conc}.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print("RESULT", json.dumps({k: v for k, v in summary.items() if k != "per_step"}))
+
+
+def _spec_counters(llm) -> dict[str, float]:
+    return {
+        m.name: m.value
+        for m in llm.get_metrics()
+        if hasattr(m, "value") and m.name.startswith("vllm:spec_decode")
+    }
+
+
+def request_split(outs, before: dict, after: dict) -> dict:
+    """Where one untraced batch's time went, from vLLM's request metrics: time to
+    the first token (mean over requests), the decode phase (first to last token)
+    and its seconds per generated token, and the tokens a verify step produced
+    (1 + accepted drafts per draft step, from the spec-decode counters)."""
+    ttft, decode, tokens = [], [], []
+    for o in outs:
+        m = o.metrics
+        if m is None or not m.first_token_ts:
+            continue
+        ttft.append(m.first_token_latency)
+        decode.append(m.last_token_ts - m.first_token_ts)
+        tokens.append(len(o.outputs[0].token_ids) - 1)
+    out: dict = {}
+    if ttft:
+        out["ttft_s"] = round(sum(ttft) / len(ttft), 4)
+        out["decode_s"] = round(sum(decode) / len(decode), 4)
+        out["decode_ms_per_token"] = round(1000 * sum(decode) / max(1, sum(tokens)), 3)
+    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
+        "vllm:spec_decode_num_drafts", 0
+    )
+    accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
+        "vllm:spec_decode_num_accepted_tokens", 0
+    )
+    if drafts:
+        out["draft_steps"] = int(drafts)
+        out["tokens_per_step"] = round(1 + accepted / drafts, 3)
+    return out
 
 
 def main() -> None:

@@ -67,3 +67,31 @@ def test_kernel_kinds():
     assert step_trace.kernel_kind("nvjet_tst_64x8_64x16") == "gemm"
     assert step_trace.kernel_kind("triton_poi_fused_add_0") == "triton"
     assert step_trace.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
+
+
+def test_request_split():
+    """TTFT, decode time per generated token and tokens a verify step produced."""
+    from types import SimpleNamespace as NS
+
+    def out(first, last, ttft, n):
+        m = NS(first_token_ts=first, last_token_ts=last, first_token_latency=ttft)
+        return NS(metrics=m, outputs=[NS(token_ids=list(range(n)))])
+
+    outs = [out(10.0, 12.0, 0.1, 101), out(10.0, 13.0, 0.3, 101), NS(metrics=None)]
+    before = {
+        "vllm:spec_decode_num_drafts": 5,
+        "vllm:spec_decode_num_accepted_tokens": 9,
+    }
+    after = {
+        "vllm:spec_decode_num_drafts": 45,
+        "vllm:spec_decode_num_accepted_tokens": 209,
+    }
+    split = step_trace.request_split(outs, before, after)
+    assert split == {
+        "ttft_s": 0.2,
+        "decode_s": 2.5,
+        "decode_ms_per_token": 25.0,
+        "draft_steps": 40,
+        "tokens_per_step": 6.0,
+    }
+    assert step_trace.request_split([], {}, {}) == {}  # no speculation, no metrics
