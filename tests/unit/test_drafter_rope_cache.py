@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The drafter's RoPE table of the context K/V pass is cast to the K dtype and
-cut to ``max_model_len`` rows, once.
+cut to the rows a position can index, once.
 
 vLLM 0.20.x's ``DFlashQwen3Model.precompute_and_store_context_kv`` hands its
 whole RoPE table (``max_position_embeddings`` rows) to ``rotary_embedding`` on every
@@ -32,11 +32,11 @@ class _Inner(torch.nn.Module):
         self.seen.append(self._rope_cos_sin_cache)
 
 
-def _drafter(inner: _Inner, max_model_len: int = 64) -> DFlashDraftModel:
+def _drafter(inner: _Inner, rows: int = 64) -> DFlashDraftModel:
     model = DFlashDraftModel.__new__(DFlashDraftModel)
     torch.nn.Module.__init__(model)
     model.model = inner
-    model._rope_rows = max_model_len
+    model._rope_rows = rows
     return model
 
 
@@ -51,10 +51,10 @@ def test_rope_table_cast_once_to_the_k_dtype():
     assert torch.equal(inner.seen[0], table.to(torch.bfloat16))  # vLLM's own cast
 
 
-def test_rope_table_cut_to_max_model_len():
+def test_rope_table_cut_to_the_rows_a_position_can_index():
     inner = _Inner(built=True)
     table = inner._rope_cos_sin_cache  # 64 rows
-    drafter = _drafter(inner, max_model_len=16)
+    drafter = _drafter(inner, rows=16)
     for _ in range(2):
         drafter.precompute_and_store_context_kv(torch.zeros(2, 4), torch.arange(2))
     assert inner.seen[0] is inner.seen[1]
@@ -62,7 +62,7 @@ def test_rope_table_cut_to_max_model_len():
     assert torch.equal(inner.seen[0], table[:16].to(torch.bfloat16))
     # a context longer than the table keeps every row
     inner = _Inner(built=True)
-    _drafter(inner, max_model_len=1000).precompute_and_store_context_kv(
+    _drafter(inner, rows=1000).precompute_and_store_context_kv(
         torch.zeros(2, 4), torch.arange(2)
     )
     assert inner.seen[0].shape == (64, 8)

@@ -7,8 +7,8 @@ KV cache stays full size (the layer's ``sliding_window`` stays ``None`` for KV
 planning, so no block holding precomputed context K/V is recycled); the
 proposer gives them causal metadata. Full layers are unchanged (non-causal).
 The fc input is cast to the fc weight dtype (fp32 target features); the RoPE
-table of the context K/V pass is kept in the K dtype and cut to ``max_model_len``
-rows (once, not per step).
+table of the context K/V pass is kept in the K dtype and cut to the rows a
+position can index (once, not per step).
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ class DFlashDraftModel(DFlashQwen3ForCausalLM):
                 names.append(layer.self_attn.attn.layer_name)
         self.sliding_attn_layer_names = frozenset(names)
         self._fc_dtype = vllm_config.model_config.dtype
-        # the target's context length bounds every context position
-        self._rope_rows: int = vllm_config.model_config.max_model_len
+        # the target's context length bounds every context position (a block of
+        # k + 1 more rows: the positions of a query block at the context's end)
+        spec = vllm_config.speculative_config
+        margin = (spec.num_speculative_tokens or 0) + 1 if spec is not None else 1
+        self._rope_rows: int = vllm_config.model_config.max_model_len + margin
         if names:
             logger.info(
                 "DFlash drafter: %d sliding-window layer(s) (window %d), %d full.",
@@ -93,8 +96,8 @@ class DFlashDraftModel(DFlashQwen3ForCausalLM):
         layers' RoPE has run): a 0.1 ms copy a step on an H100 at the 27B
         shapes. Where the table is still float32, vLLM's Python casts it to the K
         dtype first. Keep it cast to the K dtype (vLLM's own cast: the same
-        values) and cut to the ``max_model_len`` rows a context position can
-        index, once the fused buffers exist."""
+        values) and cut to the rows a position can index (``max_model_len``
+        plus a block), once the fused buffers exist."""
         inner = self.model
         weight = getattr(inner, "_fused_kv_weight", None)
         cache = getattr(inner, "_rope_cos_sin_cache", None)
