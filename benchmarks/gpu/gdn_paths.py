@@ -76,16 +76,10 @@ def main() -> None:
         torch.cuda.empty_cache()
 
 
-# launch configurations of the replay kernels to time: (commit (num_warps,
-# num_stages), verify (num_warps, num_stages), value-block width); None: the
-# shipped choice (one warp; the width ``value_block`` picks for the batch).
-# Two and four warps were slower on the H200 (2026-12-03).
-LAUNCHES = {
-    "shipped": (None, None, None),
-    "bv32": (None, None, 32),
-    "bv16": (None, None, 16),
-    "bv8": (None, None, 8),
-}
+# value-block widths of the replay kernels to time (None: the width
+# ``value_block`` picks for the batch, as shipped); one warp each (two and four
+# warps were slower on the H200, 2026-12-03).
+WIDTHS = {"shipped": None, "bv32": 32, "bv16": 16, "bv8": 8}
 
 
 def _replay(
@@ -119,10 +113,7 @@ def _replay(
     t = n * tokens
     # views of the packed qkv, as the layer passes them (``qkv_views``)
     mixed_qkv = torch.randn(t, 2 * hk * dk + hv * dv, device=dev, dtype=dt)
-    q, k, v = torch.split(mixed_qkv, [hk * dk, hk * dk, hv * dv], dim=-1)
-    q = q.unflatten(-1, (hk, dk)).unsqueeze(0)
-    k = k.unflatten(-1, (hk, dk)).unsqueeze(0)
-    v = v.unflatten(-1, (hv, dv)).unsqueeze(0)
+    q, k, v = gdn_replay.packed_qkv_views(mixed_qkv, hk, hv, dk, dv)
     a = torch.randn(t, hv, device=dev, dtype=dt)
     b = torch.randn(t, hv, device=dev, dtype=dt)
     cu = torch.arange(0, t + 1, tokens, device=dev, dtype=torch.int32)
@@ -133,20 +124,18 @@ def _replay(
         "accepted": accepted,
     }
     res["shipped_bv"] = gdn_replay_triton.value_block(layout, n)
-    for tag, (c_launch, v_launch, bv) in LAUNCHES.items():
+    for tag, bv in WIDTHS.items():
 
-        def commit(launch=c_launch, bv=bv) -> None:
+        def commit(bv=bv) -> None:
             for _ in range(layers):
                 ring[:, 0] = pending
-                gdn_replay_triton.commit(
-                    state, ring, layout, slots, acc, gates, launch, bv=bv
-                )
+                gdn_replay_triton.commit(state, ring, layout, slots, acc, gates, bv=bv)
 
-        def verify(launch=v_launch, bv=bv) -> None:
+        def verify(bv=bv) -> None:
             for _ in range(layers):
                 gdn_replay_triton.verify(
                     q, k, v, a, b, gates, state, ring, layout, cu, slots, dk**-0.5,
-                    launch, bv=bv,
+                    bv=bv,
                 )  # fmt: skip
 
         if tag == "bv32":

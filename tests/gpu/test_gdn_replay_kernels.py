@@ -51,12 +51,7 @@ def _packed_qkv(t, h, hv, dk, dv, dev, gen):
     mixed = torch.randn(
         t, 2 * h * dk + hv * dv, device=dev, generator=gen, dtype=torch.bfloat16
     )
-    q, k, v = torch.split(mixed, [h * dk, h * dk, hv * dv], dim=-1)
-    return (
-        q.unflatten(-1, (h, dk)).unsqueeze(0),
-        k.unflatten(-1, (h, dk)).unsqueeze(0),
-        v.unflatten(-1, (hv, dv)).unsqueeze(0),
-    )
+    return gdn_replay.packed_qkv_views(mixed, h, hv, dk, dv)
 
 
 # value-block widths: the policy's choice (None) and each width it may pick

@@ -40,10 +40,7 @@ def case(
     cu[1:] = torch.tensor(lens).cumsum(0)
     if views:  # as the layer passes them: views of one packed qkv tensor
         mixed = torch.randn(t, 2 * h * dk + hv * dv, generator=gen)
-        q, k, v = torch.split(mixed, [h * dk, h * dk, hv * dv], dim=-1)
-        q = q.unflatten(-1, (h, dk)).unsqueeze(0)
-        k = k.unflatten(-1, (h, dk)).unsqueeze(0)
-        v = v.unflatten(-1, (hv, dv)).unsqueeze(0)
+        q, k, v = gdn_replay.packed_qkv_views(mixed, h, hv, dk, dv)
         assert not q.is_contiguous()
     else:
         q = torch.randn(1, t, h, dk, generator=gen)

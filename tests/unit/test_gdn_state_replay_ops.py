@@ -178,10 +178,7 @@ def test_verify_reads_strided_qkv():
     t = sum(lens)
     layout = gdn_replay.ring_layout(3, H, HV, DK, DV)
     mixed = torch.randn(t, 2 * H * DK + HV * DV, generator=gen)
-    q, k, v = torch.split(mixed, [H * DK, H * DK, HV * DV], dim=-1)
-    q = q.unflatten(-1, (H, DK)).unsqueeze(0)
-    k = k.unflatten(-1, (H, DK)).unsqueeze(0)
-    v = v.unflatten(-1, (HV, DV)).unsqueeze(0)
+    q, k, v = gdn_replay.packed_qkv_views(mixed, H, HV, DK, DV)
     a, b = torch.randn(t, HV, generator=gen), torch.randn(t, HV, generator=gen)
     gates = gdn_replay.Gates(
         torch.randn(HV, generator=gen), torch.randn(HV, generator=gen)

@@ -291,19 +291,18 @@ def _contiguous_qkv(kwargs: dict) -> dict:
 
 
 def qkv_views(layer: Any, mixed_qkv: torch.Tensor | None):
-    """vLLM's ``rearrange_mixed_qkv`` without its three ``.contiguous()`` copies:
-    ``q, k [1, T, H, K]`` and ``v [1, T, HV, V]`` as views of the packed qkv.
-    The replay verify reads any token/head stride; other recurrent calls get
-    contiguous copies in ``_replay_dispatch``."""
+    """vLLM's ``rearrange_mixed_qkv`` without its three ``.contiguous()`` copies
+    (``gdn_replay.packed_qkv_views``). The replay verify reads any token/head
+    stride; other recurrent calls get contiguous copies in ``_replay_dispatch``."""
     if mixed_qkv is None:
         return None, None, None
-    kd = layer.key_dim // layer.tp_size
-    vd = layer.value_dim // layer.tp_size
-    q, k, v = torch.split(mixed_qkv, [kd, kd, vd], dim=-1)
-    q = q.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
-    k = k.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
-    v = v.unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0)
-    return q, k, v
+    return gdn_replay.packed_qkv_views(
+        mixed_qkv,
+        layer.key_dim // layer.tp_size // layer.head_k_dim,
+        layer.value_dim // layer.tp_size // layer.head_v_dim,
+        layer.head_k_dim,
+        layer.head_v_dim,
+    )
 
 
 def forward_core(mod, stock, self, mixed_qkv, b, a, core_attn_out) -> None:

@@ -249,6 +249,21 @@ def verify_torch(
 # --- dispatch ------------------------------------------------------------------
 
 
+def packed_qkv_views(
+    mixed_qkv: torch.Tensor, key_heads: int, value_heads: int, head_k: int, head_v: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q, k [1, T, H, K]`` and ``v [1, T, HV, V]`` as views of a layer's packed
+    ``[T, 2HK + HV*V]`` qkv (what vLLM's ``rearrange_mixed_qkv`` copies out);
+    ``verify`` reads any token and head stride."""
+    kd, vd = key_heads * head_k, value_heads * head_v
+    q, k, v = torch.split(mixed_qkv, [kd, kd, vd], dim=-1)
+    return (
+        q.unflatten(-1, (key_heads, head_k)).unsqueeze(0),
+        k.unflatten(-1, (key_heads, head_k)).unsqueeze(0),
+        v.unflatten(-1, (value_heads, head_v)).unsqueeze(0),
+    )
+
+
 def commit(
     state: torch.Tensor,
     ring: torch.Tensor,
