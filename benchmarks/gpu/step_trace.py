@@ -21,7 +21,11 @@ The summary (``summary-MODE.json``) says, per engine step (one target forward):
 - ``gaps``: idle time grouped by the phases of the kernels on either side;
 - ``untraced_split``: the untraced batch before the trace (``untraced_tok_s``):
   time to the first token, the decode phase per token, the tokens a verify step
-  produced (``request_split``).
+  produced (``request_split``);
+- ``untraced_steps``: the same batch's engine steps from ``VLLM_DFLASH_STEP_LOG``
+  (``perf_synthetic.step_summary``: the prefill ("mixed") step, the decode steps
+  per draft length, the slowest steps), and ``untraced_outside_ms``: the batch's
+  wall time that no step covers (front end, request set-up and teardown).
 """
 
 from __future__ import annotations
@@ -208,6 +212,11 @@ def run(
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # runner phases in the trace
     trace_dir = os.path.join(out_dir, f"trace-{mode}")
     os.makedirs(trace_dir, exist_ok=True)
+    # one line per engine step (no device sync): the untraced batch's steps
+    steps_path = os.path.abspath(
+        os.path.join(out_dir, f"steps-{pair}-{mode}-c{conc}.jsonl")
+    )
+    os.environ["VLLM_DFLASH_STEP_LOG"] = steps_path
     ps.write_models(root, pair)
     from vllm import LLM, SamplingParams
 
@@ -234,6 +243,7 @@ def run(
     outs = llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     untraced = time.time() - t
     split = request_split(outs, before, _spec_counters(llm))
+    steps = ps.step_summary(steps_path, t, t + untraced)
     llm.start_profile()
     llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     llm.stop_profile()
@@ -246,6 +256,8 @@ def run(
         "untraced_tok_s": round(conc * max_tokens / untraced, 1),
         "untraced_s": round(untraced, 4),
         "untraced_split": split,
+        "untraced_steps": steps,
+        "untraced_outside_ms": outside_ms(untraced, steps),
     }
     if files:
         summary["trace"] = os.path.basename(files[-1])
@@ -253,6 +265,16 @@ def run(
     with open(os.path.join(out_dir, f"summary-{pair}-{mode}-c{conc}.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print("RESULT", json.dumps({k: v for k, v in summary.items() if k != "per_step"}))
+
+
+def outside_ms(wall_s: float, steps: dict) -> float | None:
+    """The part of a batch's wall time (seconds) that none of its engine steps
+    (a ``step_summary``) covers, in ms: submitting the requests, the front end's
+    output handling after the last step. None without step records."""
+    if not steps:
+        return None
+    covered = steps["mixed"]["ms"] + sum(d["ms"] for d in steps["decode"].values())
+    return round(1000 * wall_s - covered, 1)
 
 
 def _spec_counters(llm) -> dict[str, float]:

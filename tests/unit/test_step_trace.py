@@ -2,6 +2,7 @@
 """benchmarks/gpu/step_trace.py: per-step GPU accounting of a profiler trace."""
 
 import importlib.util
+import json
 import pathlib
 
 import pytest
@@ -95,3 +96,34 @@ def test_request_split():
         "tokens_per_step": 6.0,
     }
     assert step_trace.request_split([], {}, {}) == {}  # no speculation, no metrics
+
+
+def test_untraced_steps_and_time_outside_them(tmp_path):
+    """The untraced batch's wall time splits into its engine steps (from a
+    VLLM_DFLASH_STEP_LOG file, only the lines inside the batch's window) and the
+    rest, which no step covers."""
+    _ps_path = _PATH.parent / "perf_synthetic.py"
+    spec = importlib.util.spec_from_file_location("perf_synthetic", _ps_path)
+    ps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ps)
+
+    def line(t, ms, decode, dmax=15):
+        return json.dumps({"t": t, "ms": ms, "reqs": 1, "tokens": 1 + dmax if decode else 512,
+                           "drafts": dmax if decode else 0, "dmax": dmax if decode else 0,
+                           "new": 0 if decode else 1, "decode": decode})  # fmt: skip
+
+    log = tmp_path / "steps.jsonl"
+    log.write_text("\n".join([
+        line(99.0, 20.0, True),  # the warm-up batch: outside the window
+        line(100.1, 90.0, False),  # prefill
+        *[line(100.1 + 0.025 * i, 24.0, True) for i in range(1, 41)],
+        line(102.0, 30.0, True),
+    ]) + "\n")  # fmt: skip
+    steps = ps.step_summary(str(log), 100.0, 102.2)
+    assert steps["mixed"] == {"steps": 1, "ms": 90.0}
+    assert steps["decode"]["15"]["steps"] == 41
+    assert steps["decode"]["15"]["median_ms"] == 24.0
+    assert steps["slowest"][0] == [90.0, "mixed", 1]
+    # 2.2 s of wall time, 90 + 40 x 24 + 30 = 1080 ms of steps
+    assert step_trace.outside_ms(2.2, steps) == pytest.approx(1120.0)
+    assert step_trace.outside_ms(2.2, {}) is None  # no step log
