@@ -2,7 +2,7 @@
 # Entry point for a lent GPU machine (the `run` tool): unpack the carried vLLM
 # 0.20.1 bundle, install this plugin next to it, run the given stages.
 #   bash benchmarks/gpu/device_run.sh STAGE...   (results under $OUT)
-# Stages: gdn (gdn_paths.py: GDN decode kernels alone, vLLM's paths and the plugin's replay; GDN_BATCHES, GDN_REPLAYS=TOKENS:ACCEPTED,..., GDN_NO_VLLM=1), check (gpu_check.py; RUNS=subset, JOBS=engines at once, SLOTS=engines per GPU: JOBS=4 on one GPU needs SLOTS=4), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
+# Stages: gdn (gdn_paths.py: GDN decode kernels alone, vLLM's paths and the plugin's replay; GDN_BATCHES, GDN_REPLAYS=TOKENS:ACCEPTED,..., GDN_NO_VLLM=1), drafter_gemm (drafter_gemm.py: one draft step's GEMMs, bf16 vs fp8 weights; DRAFTER_GEMM_REQUESTS), check (gpu_check.py; RUNS=subset, JOBS=engines at once, SLOTS=engines per GPU: JOBS=4 on one GPU needs SLOTS=4), pytest (pytest -m gpu; RUNS), perf (perf_synthetic.py; PERF_MODES,
 # PERF_CONC, PERF_TP, PERF_PAIR=dense|hybrid, PERF_TAU (a comma list: one round per acceptance), PERF_MAX_TOKENS, PERF_REPEATS rounds of PERF_BATCHES timed batches; modes base stock plugin adaptive prev;
 # PERF_MAX_MODEL_LEN (the engine logs its max concurrency at it), PERF_KV_GIB, PERF_GPU_UTIL, PERF_CG_MODE (cudagraph_mode, e.g. PIECEWISE),
 # PERF_TURN=DIR:MODE1,MODE2 (engines started together on one GPU, e.g. perf:base@0 perf:plugin@0, take turns batch by batch; needs PERF_KV_GIB), PERF_DEADLINE: no new mode after that many seconds), profile (plugin step profile at PERF_CONC),
@@ -169,6 +169,11 @@ run_stage() {  # STAGE[:ARG]  (ARG: perf mode(s) or swa variant, e.g. perf:stock
           --max-tokens "${TRACE_MAX_TOKENS:-768}" --wait "${TRACE_WAIT:-0}" --gpu-util "${TRACE_GPU_UTIL:-0.85}" --steps "${TRACE_STEPS:-24}" --root "/root/trace-${TRACE_PAIR:-dense}-$m" > "$W/trace-$m.log" 2>&1
         say "trace $m rc=$?"; grep RESULT "$W/trace-$m.log" | cut -c1-1500
       done ;;
+    drafter_gemm)  # drafter_gemm.py: one draft step's GEMMs, bf16 vs fp8 weights, 27B shapes
+      timeout 300 python3 benchmarks/gpu/drafter_gemm.py "$W/drafter_gemm.jsonl" \
+        --requests "${DRAFTER_GEMM_REQUESTS:-1,4,16}" > "$W/drafter_gemm.log" 2>&1
+      say "drafter_gemm rc=$?"; grep RESULT "$W/drafter_gemm.log" | cut -c1-900
+      cp "$W/drafter_gemm.jsonl" "$OUT/" 2>/dev/null ;;
     gdn)  # gdn_paths.py: GDN decode, speculative path vs packed path, 27B shapes
       timeout 300 python3 benchmarks/gpu/gdn_paths.py "$W/gdn.jsonl" --batches "${GDN_BATCHES:-64,128,256}" \
         --replays "${GDN_REPLAYS:-1:1,4:3}" ${GDN_NO_VLLM:+--no-vllm} > "$W/gdn.log" 2>&1
