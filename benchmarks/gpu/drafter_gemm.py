@@ -108,7 +108,9 @@ def _summary(times: list[float]) -> dict:
 
 def _sequence_ms(fns, repeats: int) -> list[float]:
     """``fns`` in order, captured in one CUDA graph: ms per replay."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
     from gdn_paths import _graph_ms
 
     return _graph_ms(lambda: [f() for f in fns], repeats)

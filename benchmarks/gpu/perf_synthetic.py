@@ -219,6 +219,15 @@ class Turns:
             time.sleep(0.2)
 
 
+def spec_counters(llm) -> dict[str, float]:
+    """vLLM's spec-decode counters (``vllm:spec_decode_*``) of an engine now."""
+    return {
+        m.name: m.value
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode") and hasattr(m, "value")
+    }
+
+
 def step_summary(path: str, t0: float, t1: float) -> dict:
     """The engine steps whose output came between wall times t0 and t1, from a
     VLLM_DFLASH_STEP_LOG file: per draft length of the decode-only steps (every
@@ -414,13 +423,6 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
     if args.profile and os.path.exists(args.profile):
         os.remove(args.profile)  # measure from the first timed request on
 
-    def counters() -> dict:
-        out = {}
-        for m in llm.get_metrics():
-            if m.name.startswith("vllm:spec_decode") and hasattr(m, "value"):
-                out[m.name] = m.value
-        return out
-
     sp = SamplingParams(
         temperature=0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False
     )
@@ -435,11 +437,11 @@ def run(args: argparse.Namespace, turns: "Turns | None") -> None:
             prompts = random_prompts(rng, conc)
 
             def timed(prompts=prompts):
-                before = counters()
+                before = spec_counters(llm)
                 t1 = time.time()
                 outs = llm.generate(prompts, sp, use_tqdm=False)
                 t2 = time.time()
-                return outs, t2 - t1, before, counters(), (t1, t2)
+                return outs, t2 - t1, before, spec_counters(llm), (t1, t2)
 
             outs, dt, before, after, (t1, t2) = in_turn(timed)
             d = {k: after[k] - before.get(k, 0) for k in after}

@@ -238,11 +238,11 @@ def run(
     )
     # warm-up: shapes, graphs
     llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
-    before = _spec_counters(llm)
+    before = ps.spec_counters(llm)
     t = time.time()
     outs = llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
     untraced = time.time() - t
-    split = request_split(outs, before, _spec_counters(llm))
+    split = request_split(outs, before, ps.spec_counters(llm))
     steps = ps.step_summary(steps_path, t, t + untraced)
     llm.start_profile()
     llm.generate(ps.random_prompts(rng, conc), sp, use_tqdm=False)
@@ -275,14 +275,6 @@ def outside_ms(wall_s: float, steps: dict) -> float | None:
         return None
     covered = steps["mixed"]["ms"] + sum(d["ms"] for d in steps["decode"].values())
     return round(1000 * wall_s - covered, 1)
-
-
-def _spec_counters(llm) -> dict[str, float]:
-    return {
-        m.name: m.value
-        for m in llm.get_metrics()
-        if hasattr(m, "value") and m.name.startswith("vllm:spec_decode")
-    }
 
 
 def request_split(outs, before: dict, after: dict) -> dict:
